@@ -1,0 +1,47 @@
+"""The core's own defaults, registered as the `core` plugin and overridable (trylast)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gateway.models import Event, now_ms
+from gateway.sessions import TranscriptStrategy
+from hookspecs import hookimpl
+
+
+def ui_projection(event: Event) -> dict[str, Any]:
+    """The default projection: the journal event as it is (`gateway.run_event.v1`)."""
+    return event.to_wire()
+
+
+def openai_chunk_projection(event: Event) -> dict[str, Any] | None:
+    """Text as OpenAI `chat.completion.chunk` objects, for clients that only speak that."""
+    if event.kind == "message.delta":
+        delta: dict[str, Any] = {"content": event.payload.get("text", "")}
+        finish = None
+    elif event.kind == "thought.delta":
+        delta = {"reasoning_content": event.payload.get("text", "")}
+        finish = None
+    elif event.is_terminal:
+        delta, finish = {}, ("stop" if event.kind == "run.completed" else "error")
+    else:
+        return None
+    return {
+        "id": event.host_run_id,
+        "object": "chat.completion.chunk",
+        "created": (event.created_at or now_ms()) // 1000,
+        "model": "agent-gateway",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+@hookimpl(trylast=True)
+def session_strategy(runtime: Any, config: Any) -> Any:
+    return TranscriptStrategy()
+
+
+@hookimpl(trylast=True)
+def register_projections(register: Callable[[str, Callable[[Event], Any]], None]) -> None:
+    register("ui", ui_projection)
+    register("openai", openai_chunk_projection)

@@ -1,0 +1,93 @@
+"""Per-client delivery buffers. Fan-out never waits on storage, and memory stays bounded.
+
+A subscriber's buffer holds at most `capacity` events. When it is full, a `message.delta` or
+`thought.delta` is merged into the buffered delta before it (same text in the end); any other
+event moves the subscriber to *replay*: its buffer is dropped and its writer re-reads from the
+journal after the last seq it delivered. A terminal event is always buffered (at most one per run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from gateway.models import MERGEABLE_KINDS, Event
+
+
+def _can_merge(last: Event, event: Event) -> bool:
+    if last.kind != event.kind or event.kind not in MERGEABLE_KINDS or last.source != event.source:
+        return False
+    other_keys = set(last.payload) | set(event.payload)
+    other_keys -= {"text", "mergedFrom", "mergedCount"}
+    return all(last.payload.get(k) == event.payload.get(k) for k in other_keys)
+
+
+def merge(last: Event, event: Event) -> Event:
+    payload = dict(last.payload)
+    payload["text"] = str(last.payload.get("text", "")) + str(event.payload.get("text", ""))
+    payload["mergedFrom"] = last.payload.get("mergedFrom", last.seq)
+    payload["mergedCount"] = int(last.payload.get("mergedCount", 1)) + 1
+    return Event(event.host_run_id, event.seq, event.kind, event.source, payload, event.created_at)
+
+
+class Subscriber:
+    def __init__(self, topic: str, capacity: int) -> None:
+        self.topic = topic
+        self.capacity = capacity
+        self.buffer: deque[Event] = deque()
+        self.wakeup = asyncio.Event()
+        self.needs_replay = False
+        self.merges = 0
+        self.replays = 0
+
+    def offer(self, event: Event) -> None:
+        if self.needs_replay:
+            return  # the writer will find it in the journal
+        buffer = self.buffer
+        if len(buffer) < self.capacity or event.is_terminal:
+            buffer.append(event)
+        elif buffer and _can_merge(buffer[-1], event):
+            buffer[-1] = merge(buffer[-1], event)
+            self.merges += 1
+        else:
+            buffer.clear()
+            self.needs_replay = True
+            self.replays += 1
+        self.wakeup.set()
+
+    def take(self, limit: int) -> list[Event]:
+        buffer = self.buffer
+        count = min(limit, len(buffer))
+        items = [buffer.popleft() for _ in range(count)]
+        if not buffer:
+            self.wakeup.clear()
+        return items
+
+
+class Bus:
+    def __init__(self) -> None:
+        self._subscribers: dict[str, set[Subscriber]] = {}
+        self.published = 0
+
+    def subscribe(self, topic: str, capacity: int) -> Subscriber:
+        sub = Subscriber(topic, capacity)
+        self._subscribers.setdefault(topic, set()).add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        subs = self._subscribers.get(sub.topic)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._subscribers[sub.topic]
+
+    def publish(self, topic: str, event: Event) -> None:
+        self.published += 1
+        for sub in self._subscribers.get(topic, ()):
+            sub.offer(event)
+
+    def subscriber_count(self) -> int:
+        return sum(len(s) for s in self._subscribers.values())
+
+    def buffered(self) -> int:
+        return sum(len(sub.buffer) for subs in self._subscribers.values() for sub in subs)

@@ -1,0 +1,321 @@
+"""The `agent-gateway` launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import click
+from aiohttp import web
+
+from gateway.app import create_app, is_loopback
+from gateway.config import Config, ConfigError, section_specs_from_hook
+from gateway.plugins import PluginError, PluginHost
+
+DEFAULT_URL_ENV = "AGENT_GATEWAY_URL"
+TOKEN_ENV = "AGENT_GATEWAY_TOKEN"
+DEMO_MESSAGE = "Hello! What can an agent gateway do?"
+DEMO_REPLY = (
+    "An agent gateway sits between your app and agent runtimes. Every run gets an ordered, "
+    "persisted event journal, so a stream survives refreshes, dropped connections and restarts."
+)
+
+
+def _load(config_path: str | None, overrides: dict[str, dict[str, Any]] | None = None) -> tuple[Config, PluginHost]:
+    try:
+        plugins = PluginHost.load()
+        config = Config.load(config_path, section_specs_from_hook(plugins.config_sections()), overrides=overrides)
+    except (ConfigError, PluginError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    return config, plugins
+
+
+@click.group()
+@click.version_option(package_name="agent-gateway")
+def cli() -> None:
+    """Agent Gateway: one HTTP API in front of many agent runtimes."""
+
+
+# -- serve ---------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--host", help="Listen address (default from config: 127.0.0.1).")
+@click.option("--port", type=int, help="Listen port; 0 picks a free one.")
+@click.option("--data-dir", type=click.Path(file_okay=False), help="Where the SQLite journal and spool live.")
+@click.option("--demo", is_flag=True, help="Wire a built-in fake OpenAI upstream and stream a demo run.")
+def serve(config_path: str | None, host: str | None, port: int | None, data_dir: str | None, demo: bool) -> None:
+    """Run the gateway."""
+    overrides: dict[str, dict[str, Any]] = {"gateway": {}}
+    if host is not None:
+        overrides["gateway"]["host"] = host
+    if port is not None:
+        overrides["gateway"]["port"] = port
+    if data_dir is not None:
+        overrides["gateway"]["data_dir"] = data_dir
+    config, plugins = _load(config_path, overrides)
+    problems = config.problems()
+    if problems:
+        raise click.ClickException("invalid configuration:\n" + "\n".join(problems))
+    listen_host = config.section("gateway")["host"]
+    if not config.tokens and not is_loopback(listen_host):
+        raise click.ClickException(
+            f"refusing to listen on {listen_host}: no [auth] tokens are configured, so every caller "
+            "would be the local actor. Configure tokens or listen on 127.0.0.1."
+        )
+    asyncio.run(_serve(config, plugins, demo))
+
+
+async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
+    fake = None
+    if demo:
+        from contrib.fake_openai import FakeOpenAI, Reply
+
+        fake = FakeOpenAI(default=Reply(DEMO_REPLY, chunk_size=6, delay=0.03))
+        base_url = await fake.start()
+        config.env_overrides.setdefault("chat_only", {}).update({"base_url": base_url, "model": "m"})
+    app = create_app(config, plugins)
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    gw = config.section("gateway")
+    site = web.TCPSite(runner, gw["host"], gw["port"])
+    await site.start()
+    server = site._server
+    port = server.sockets[0].getsockname()[1] if server and server.sockets else gw["port"]  # type: ignore[union-attr]
+    url = f"http://{gw['host']}:{port}"
+    click.echo(f"agent-gateway listening on {url}", err=False)
+    click.echo(f"data directory: {config.data_dir}  storage: {_redact(config.storage_url)}")
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if demo:
+            await _demo(url)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        if fake is not None:
+            await fake.stop()
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url
+
+
+async def _demo(url: str) -> None:
+    click.echo("\n-- demo: a chat-only run, streamed from the gateway --")
+    async with aiohttp.ClientSession() as http:
+        body = {
+            "requestId": f"demo-{os.getpid()}",
+            "agentId": "chat-only",
+            "sessionId": "demo",
+            "message": DEMO_MESSAGE,
+        }
+        async with http.post(f"{url}/v1/runs", json=body) as response:
+            receipt = await response.json()
+        click.echo(f"you> {DEMO_MESSAGE}")
+        await _tail(http, url, receipt["hostRunId"], {}, 0)
+    click.echo(
+        f"\nTry it yourself (another terminal):\n"
+        f"  agent-gateway runs send --url {url} --agent chat-only 'Tell me more'\n"
+        f"  curl -N {url}/v1/runs/{receipt['hostRunId']}/stream\n"
+        "Press Ctrl-C to stop."
+    )
+
+
+# -- runs ----------------------------------------------------------------------------------------
+@cli.group()
+def runs() -> None:
+    """Create and follow runs on a running gateway."""
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+url_option = click.option("--url", envvar=DEFAULT_URL_ENV, default="http://127.0.0.1:8787", show_default=True)
+token_option = click.option("--token", envvar=TOKEN_ENV, default=None, help="Bearer token.")
+
+
+@runs.command("tail")
+@click.argument("run_id")
+@url_option
+@token_option
+@click.option("--after", default="0", help="Start after this seq.")
+@click.option("--raw", is_flag=True, help="Print every event as JSON lines.")
+def tail(run_id: str, url: str, token: str | None, after: str, raw: bool) -> None:
+    """Follow a run's stream, resuming after a dropped connection; exit 1 unless it completed."""
+
+    async def main() -> str:
+        async with aiohttp.ClientSession() as http:
+            return await _tail(http, url, run_id, _headers(token), int(after), raw=raw)
+
+    status = asyncio.run(main())
+    sys.exit(0 if status == "completed" else 1)
+
+
+@runs.command("send")
+@click.argument("message")
+@click.option("--agent", "agent_id", default="chat-only", show_default=True)
+@click.option("--session", "session_id", default="cli", show_default=True)
+@click.option("--workspace", "workspace_id", default="default", show_default=True)
+@url_option
+@token_option
+def send(message: str, agent_id: str, session_id: str, workspace_id: str, url: str, token: str | None) -> None:
+    """Start a run and follow it."""
+
+    async def main() -> str:
+        async with aiohttp.ClientSession() as http:
+            body = {
+                "requestId": os.urandom(8).hex(),
+                "agentId": agent_id,
+                "sessionId": session_id,
+                "workspaceId": workspace_id,
+                "message": message,
+            }
+            async with http.post(f"{url}/v1/runs", json=body, headers=_headers(token)) as response:
+                receipt = await response.json()
+                if response.status >= 400:
+                    raise click.ClickException(receipt.get("error", {}).get("message", str(receipt)))
+            click.echo(f"run {receipt['hostRunId']}", err=True)
+            return await _tail(http, url, receipt["hostRunId"], _headers(token), 0)
+
+    status = asyncio.run(main())
+    sys.exit(0 if status == "completed" else 1)
+
+
+async def _tail(
+    http: aiohttp.ClientSession,
+    url: str,
+    run_id: str,
+    headers: dict[str, str],
+    after: int,
+    *,
+    raw: bool = False,
+    attempts: int = 30,
+    echo: Callable[[str], Any] | None = None,
+) -> str:
+    """Print a run's stream; reconnect with Last-Event-ID up to `attempts` times."""
+    out = echo or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    last = after
+    for attempt in range(attempts):
+        try:
+            request_headers = {**headers, "Last-Event-ID": str(last)}
+            async with http.get(
+                f"{url}/v1/runs/{run_id}/stream",
+                headers=request_headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+            ) as response:
+                if response.status >= 400:
+                    body = await response.text()
+                    raise click.ClickException(f"{response.status}: {body}")
+                async for event in _sse_events(response):
+                    last = int(event["seq"])
+                    status = _print_event(event, out, raw)
+                    if status:
+                        return status
+        except (TimeoutError, aiohttp.ClientConnectionError):
+            pass
+        out(f"\n[connection lost; resuming after {last}]\n")
+        await asyncio.sleep(min(0.2 * (attempt + 1), 2.0))  # reconnect pacing, not synchronisation
+    raise click.ClickException(f"gave up after {attempts} reconnects")
+
+
+async def _sse_events(response: aiohttp.ClientResponse) -> Any:
+    data: list[str] = []
+    async for raw_line in response.content:
+        line = raw_line.decode("utf-8").rstrip("\r\n")
+        if not line:
+            if data:
+                yield json.loads("\n".join(data))
+                data = []
+            continue
+        if line.startswith("data:"):
+            data.append(line[5:].lstrip())
+
+
+def _print_event(event: dict[str, Any], out: Callable[[str], Any], raw: bool) -> str | None:
+    kind = event["kind"]
+    if raw:
+        out(json.dumps(event, ensure_ascii=False) + "\n")
+    elif kind == "message.delta":
+        out(event["payload"].get("text", ""))
+    elif kind in ("run.completed", "run.failed", "run.cancelled", "run.interrupted"):
+        reason = event["payload"].get("reason")
+        out(f"\n[{kind}{': ' + reason if reason else ''}]\n")
+    elif kind in ("context.warning",):
+        out(f"\n[warning: {event['payload'].get('message')}]\n")
+    if kind in ("run.completed", "run.failed", "run.cancelled", "run.interrupted"):
+        return kind.split(".", 1)[1]
+    return None
+
+
+# -- plugins and config ------------------------------------------------------------------------------
+@cli.command("plugins")
+@click.option("--json", "as_json", is_flag=True)
+def plugins_command(as_json: bool) -> None:
+    """List loaded plugins, their distributions and the hooks they implement."""
+    try:
+        host = PluginHost.load()
+    except PluginError as exc:
+        raise click.ClickException(str(exc)) from exc
+    infos = host.plugins()
+    if as_json:
+        click.echo(json.dumps([info.__dict__ for info in infos], indent=2))
+        return
+    for info in infos:
+        dist = f"{info.distribution} {info.version}" if info.distribution else "(registered in process)"
+        click.echo(f"{info.name:16} {dist}\n{'':16} hooks: {', '.join(info.hooks)}")
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Inspect configuration."""
+
+
+@config_group.command("check")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+def config_check(config_path: str | None) -> None:
+    """Report every problem as `file: key: what is wrong`; exit 1 if there is any."""
+    config, _ = _load(config_path)
+    problems = config.problems()
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        sys.exit(1)
+    click.echo(f"{config.path or '<defaults>'}: ok")
+
+
+@config_group.command("show")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+def config_show(config_path: str | None) -> None:
+    """Print the merged configuration (secrets masked)."""
+    config, _ = _load(config_path)
+    merged = {name: config.section(name) for name in sorted(config.specs)}
+    if merged.get("auth", {}).get("tokens"):
+        merged["auth"]["tokens"] = {f"***{i}": actor for i, actor in enumerate(merged["auth"]["tokens"].values())}
+    for section in merged.values():
+        for key in list(section):
+            if "key" in key or "secret" in key or "password" in key:
+                section[key] = "***" if section[key] else ""
+    click.echo(json.dumps(merged, indent=2, ensure_ascii=False))
+
+
+def main() -> None:
+    try:
+        host = PluginHost.load()
+        host.register_commands(cli)
+    except PluginError as exc:
+        click.echo(f"error: {exc}", err=True)
+    cli()

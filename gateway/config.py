@@ -1,0 +1,215 @@
+"""TOML configuration: core sections plus one section per plugin (declared via `config_sections`).
+
+Precedence: defaults < the TOML file < environment ``AGENT_GATEWAY__<SECTION>__<KEY>=value``
+(value parsed as a TOML value when it parses, else taken as a string).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "AGENT_GATEWAY__"
+CONFIG_ENV = "AGENT_GATEWAY_CONFIG"
+
+Validator = Callable[[dict[str, Any]], list[tuple[str, str]]]
+
+
+@dataclass
+class SectionSpec:
+    name: str
+    defaults: dict[str, Any]
+    validate: Validator | None = None
+    doc: str = ""
+
+
+def _default_data_dir() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "agent-gateway")
+
+
+def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    if not 0 <= section["port"] <= 65535:
+        problems.append(("port", f"must be 0..65535, got {section['port']}"))
+    for key in ("max_body_bytes", "heartbeat_seconds", "stream_buffer_events", "journal_batch_events"):
+        if section[key] <= 0:
+            problems.append((key, "must be positive"))
+    return problems
+
+
+def _validate_auth(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    for token, actor in section["tokens"].items():
+        if not isinstance(actor, str) or not actor:
+            problems.append((f"tokens.{token[:4]}…", "must map a token to a non-empty actor id"))
+        if len(token) < 16:
+            problems.append((f"tokens.{token[:4]}…", "token must be at least 16 characters"))
+    return problems
+
+
+CORE_SECTIONS = [
+    SectionSpec(
+        "gateway",
+        {
+            "host": "127.0.0.1",
+            "port": 8787,
+            "data_dir": "",
+            "max_body_bytes": 1_048_576,
+            "heartbeat_seconds": 15.0,
+            "stream_buffer_events": 1024,
+            "journal_batch_events": 500,
+            "journal_flush_ms": 20.0,
+            "run_timeout_seconds": 3600.0,
+        },
+        _validate_gateway,
+        "Listening address, data directory, limits.",
+    ),
+    SectionSpec(
+        "auth",
+        {"tokens": {}},
+        _validate_auth,
+        "Bearer tokens mapped to actor ids. None: one local actor, loopback only.",
+    ),
+    SectionSpec("storage", {"url": ""}, None, "Storage URL; empty: SQLite in the data directory."),
+]
+
+
+class ConfigError(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class Config:
+    raw: dict[str, Any]
+    path: str | None
+    specs: dict[str, SectionSpec] = field(default_factory=dict)
+    env_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        specs: list[SectionSpec] | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: dict[str, dict[str, Any]] | None = None,
+    ) -> Config:
+        env = os.environ if env is None else env
+        path = path or env.get(CONFIG_ENV) or None
+        raw: dict[str, Any] = {}
+        if path is not None:
+            try:
+                raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            except FileNotFoundError as exc:
+                raise ConfigError([f"{path}: file not found"]) from exc
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError([f"{path}: invalid TOML: {exc}"]) from exc
+        env_overrides: dict[str, dict[str, Any]] = {}
+        for name, value in env.items():
+            if not name.startswith(ENV_PREFIX):
+                continue
+            section, _, key = name[len(ENV_PREFIX) :].lower().partition("__")
+            if section and key:
+                env_overrides.setdefault(section, {})[key] = _parse_env_value(value)
+        for section, values in (overrides or {}).items():
+            env_overrides.setdefault(section, {}).update(values)
+        config = cls(raw, str(path) if path else None, {}, env_overrides)
+        for spec in CORE_SECTIONS + list(specs or []):
+            config.specs[spec.name] = spec
+        return config
+
+    def add_section(self, spec: SectionSpec) -> None:
+        self.specs[spec.name] = spec
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The merged section: defaults, then the file, then environment overrides."""
+        spec = self.specs.get(name)
+        merged: dict[str, Any] = dict(spec.defaults) if spec else {}
+        merged.update(self.raw.get(name, {}) or {})
+        merged.update(self.env_overrides.get(name, {}))
+        return merged
+
+    # -- well-known core values --------------------------------------------------------------
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.section("gateway")["data_dir"] or _default_data_dir()).expanduser()
+
+    @property
+    def storage_url(self) -> str:
+        return self.section("storage")["url"] or f"sqlite:///{self.data_dir / 'gateway.db'}"
+
+    @property
+    def tokens(self) -> dict[str, str]:
+        return dict(self.section("auth")["tokens"])
+
+    # -- checking -------------------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Every problem as ``file: section.key: what is wrong``."""
+        where = self.path or "<defaults>"
+        found: list[str] = []
+        for name in self.raw:
+            if name not in self.specs:
+                if not isinstance(self.raw[name], dict):
+                    found.append(f"{where}: {name}: top-level keys must be sections")
+                else:
+                    known = ", ".join(sorted(self.specs))
+                    found.append(f"{where}: {name}: unknown section (known: {known})")
+        for name in self.env_overrides:
+            if name not in self.specs:
+                found.append(f"environment: {ENV_PREFIX}{name.upper()}: unknown section")
+        for name, spec in self.specs.items():
+            given = self.raw.get(name, {})
+            if not isinstance(given, dict):
+                found.append(f"{where}: {name}: must be a table")
+                continue
+            origin = {**{k: where for k in given}, **{k: "environment" for k in self.env_overrides.get(name, {})}}
+            values = {**given, **self.env_overrides.get(name, {})}
+            bad_keys = set()
+            for key, value in values.items():
+                if key not in spec.defaults:
+                    found.append(f"{origin[key]}: {name}.{key}: unknown key")
+                    bad_keys.add(key)
+                    continue
+                expected = type(spec.defaults[key])
+                if not _type_ok(value, expected):
+                    found.append(
+                        f"{origin[key]}: {name}.{key}: expected {expected.__name__}, got {type(value).__name__}"
+                    )
+                    bad_keys.add(key)
+            if spec.validate and not bad_keys:
+                for key, problem in spec.validate(self.section(name)):
+                    found.append(f"{origin.get(key.split('.')[0], where)}: {name}.{key}: {problem}")
+        return found
+
+    def check(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+
+def _type_ok(value: Any, expected: type) -> bool:
+    if expected is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+def _parse_env_value(value: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def section_specs_from_hook(registered: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> list[SectionSpec]:
+    specs = []
+    for args, kwargs in registered:
+        specs.append(SectionSpec(*args, **kwargs))
+    return specs

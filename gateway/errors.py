@@ -1,0 +1,69 @@
+"""JSON errors: every refusal is `{"error": {"code", "message", ...}}` with a 4xx status."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("gateway.http")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.extra = extra
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    body = {"error": {"code": code, "message": message, **extra}}
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+}
+
+
+@web.middleware
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.code, str(exc), **exc.extra)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason
+        if exc.status == 413:
+            message = "the request body exceeds the gateway's max_body_bytes limit"
+        return error_response(exc.status, _HTTP_CODES.get(exc.status, "http_error"), message)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal_error", "internal error; see the gateway log")
+
+
+async def read_json(request: web.Request) -> Any:
+    if request.content_type not in ("application/json", ""):
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+    raw = await request.read()
+    if not raw:
+        raise ApiError(400, "invalid_json", "the body is empty; expected a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_json", f"malformed JSON: {exc}") from exc

@@ -1,0 +1,298 @@
+"""The event journal: assigns seqs, enforces the terminal rule, spools, publishes, group-commits.
+
+An event takes one path: `append` gives it the run's next seq, serialises it once, writes that
+line to the spool (a local append-only file: one `write()` call, so it survives a killed process),
+publishes it to the bus, and queues it for storage. A writer task commits queued events in
+batches (group commit) on a worker thread. Delivery never waits on the database; at start-up,
+spooled events missing from storage are written back before anything else runs, so a seq a
+client has seen is never given to another event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from gateway.bus import Bus
+from gateway.models import Event
+from gateway.storage import Storage
+
+log = logging.getLogger("gateway.journal")
+
+SPOOL_SEGMENT_BYTES = 32 * 1024 * 1024
+RECOVERY_BATCH = 5000
+
+
+class JournalClosed(Exception):
+    pass
+
+
+class _SpoolSegment:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live segment is never recovered
+        self.size = 0
+        self.last_number = 0
+
+    def close(self, remove: bool) -> None:
+        os.close(self.fd)
+        if remove:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+
+class Journal:
+    def __init__(
+        self,
+        storage: Storage,
+        bus: Bus,
+        spool_dir: Path | None,
+        *,
+        batch_max: int = 5000,
+        max_pending: int = 200_000,
+        read_executor: ThreadPoolExecutor | None = None,
+    ) -> None:
+        self.storage = storage
+        self.bus = bus
+        self.spool_dir = spool_dir
+        self.batch_max = batch_max
+        self.max_pending = max_pending
+        self._write_executor = ThreadPoolExecutor(1, thread_name_prefix="journal-writer")
+        self._read_executor = read_executor
+        self._next_seq: dict[str, int] = {}
+        self._terminal: set[str] = set()
+        self._queue: deque[Event] = deque()
+        self._pending_by_run: dict[str, deque[Event]] = {}
+        self._appended = 0  # numbers every appended event
+        self._committed = 0
+        self._queue_ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._segments: deque[_SpoolSegment] = deque()
+        self._segment_counter = 0
+        self._closed = False
+        self.commit_errors = 0
+        self.batches = 0
+        self.on_append: list[Callable[[Event], None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.spool_dir is not None:
+            self.spool_dir.mkdir(parents=True, exist_ok=True)
+            await self._in_writer(self._recover_spool)
+            self._open_segment()
+        self._writer = asyncio.create_task(self._write_loop(), name="journal-writer")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        for segment in self._segments:
+            segment.close(remove=True)
+        self._segments.clear()
+        self._write_executor.shutdown(wait=True)
+
+    # -- runs -------------------------------------------------------------------------------------
+    def open_run(self, host_run_id: str, next_seq: int = 1, terminal: bool = False) -> None:
+        """Start tracking a run whose next seq is `next_seq`."""
+        self._next_seq[host_run_id] = max(next_seq, self._next_seq.get(host_run_id, 1))
+        if terminal:
+            self._terminal.add(host_run_id)
+
+    def is_open(self, host_run_id: str) -> bool:
+        return host_run_id in self._next_seq
+
+    def has_terminal(self, host_run_id: str) -> bool:
+        return host_run_id in self._terminal
+
+    def forget_run(self, host_run_id: str) -> None:
+        """Stop tracking a finished run once its events are committed."""
+        if not self._pending_by_run.get(host_run_id):
+            self._next_seq.pop(host_run_id, None)
+            self._terminal.discard(host_run_id)
+
+    async def append(
+        self, host_run_id: str, kind: str, payload: dict[str, Any], source: str = "gateway"
+    ) -> Event | None:
+        """Append one event; returns it, or None if the run already ended (nothing is written
+        after a terminal event)."""
+        if self._closed:
+            raise JournalClosed("journal is closed")
+        if len(self._queue) >= self.max_pending:
+            self._room.clear()
+            await self._room.wait()
+        if host_run_id not in self._next_seq:
+            raise KeyError(f"run {host_run_id} is not open in the journal")
+        if host_run_id in self._terminal:
+            log.warning("dropped %s after the terminal event of %s", kind, host_run_id)
+            return None
+        seq = self._next_seq[host_run_id]
+        self._next_seq[host_run_id] = seq + 1
+        event = Event(host_run_id, seq, kind, source, payload)
+        if event.is_terminal:
+            self._terminal.add(host_run_id)
+        self._appended += 1
+        self._spool(event)
+        self._queue.append(event)
+        self._pending_by_run.setdefault(host_run_id, deque()).append(event)
+        self._queue_ready.set()
+        self.bus.publish(host_run_id, event)
+        for hook in self.on_append:
+            hook(event)
+        return event
+
+    async def flush(self) -> None:
+        """Wait until every event appended so far is committed to storage."""
+        target = self._appended
+        if self._committed >= target:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((target, future))
+        await future
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    @property
+    def appended(self) -> int:
+        return self._appended
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def read(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        """Events after `after_seq`, committed or not. The uncommitted tail is captured before the
+        first await, so together with a bus subscription taken in the same step nothing is missed."""
+        snapshot = [e for e in self._pending_by_run.get(host_run_id, ()) if e.seq > after_seq]
+        stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
+        if limit is not None and len(stored) >= limit:
+            return stored
+        last = stored[-1].seq if stored else after_seq
+        tail = [e for e in snapshot if e.seq > last]
+        events = stored + tail
+        return events if limit is None else events[:limit]
+
+    async def last_event(self, host_run_id: str) -> Event | None:
+        pending = self._pending_by_run.get(host_run_id)
+        if pending:
+            return pending[-1]
+        return await self._in_reader(self.storage.last_event, host_run_id)
+
+    async def _in_reader(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._read_executor, fn, *args)
+
+    async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._write_executor, fn, *args)
+
+    # -- group commit -------------------------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        backoff = 0.05
+        while True:
+            await self._queue_ready.wait()
+            if not self._queue:
+                self._queue_ready.clear()
+                continue
+            count = min(len(self._queue), self.batch_max)
+            batch = [self._queue[i] for i in range(count)]
+            try:
+                await self._in_writer(self.storage.append_events, batch)
+            except Exception:
+                self.commit_errors += 1
+                log.exception("journal commit of %d events failed; retrying", count)
+                await asyncio.sleep(backoff)  # retry pacing while storage is down, not synchronisation
+                backoff = min(backoff * 2, 2.0)
+                continue
+            backoff = 0.05
+            self.batches += 1
+            for _ in range(count):
+                event = self._queue.popleft()
+                run_pending = self._pending_by_run[event.host_run_id]
+                run_pending.popleft()
+                if not run_pending:
+                    del self._pending_by_run[event.host_run_id]
+            self._committed += count
+            if len(self._queue) < self.max_pending:
+                self._room.set()
+            self._release_flush_waiters()
+            self._drop_committed_segments()
+
+    def _release_flush_waiters(self) -> None:
+        still = []
+        for target, future in self._flush_waiters:
+            if self._committed >= target:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                still.append((target, future))
+        self._flush_waiters = still
+
+    # -- spool ----------------------------------------------------------------------------------------
+    def _open_segment(self) -> None:
+        assert self.spool_dir is not None
+        self._segment_counter += 1
+        path = self.spool_dir / f"{os.getpid()}-{self._segment_counter}.jsonl"
+        self._segments.append(_SpoolSegment(path))
+
+    def _spool(self, event: Event) -> None:
+        if not self._segments:
+            return
+        segment = self._segments[-1]
+        line = (event.wire_json() + "\n").encode()
+        os.write(segment.fd, line)
+        segment.size += len(line)
+        segment.last_number = self._appended
+        if segment.size >= SPOOL_SEGMENT_BYTES:
+            self._open_segment()
+
+    def _drop_committed_segments(self) -> None:
+        while len(self._segments) > 1 and self._segments[0].last_number <= self._committed:
+            self._segments.popleft().close(remove=True)
+
+    def _recover_spool(self) -> None:
+        assert self.spool_dir is not None
+        for path in sorted(self.spool_dir.glob("*.jsonl")):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another live gateway owns it
+                batch: list[Event] = []
+                recovered = 0
+                with open(fd, "rb", closefd=False) as lines:
+                    for raw in lines:
+                        try:
+                            batch.append(Event.from_wire(json.loads(raw)))
+                        except (ValueError, KeyError):
+                            continue  # a line cut short by the kill
+                        if len(batch) >= RECOVERY_BATCH:
+                            self.storage.append_events(batch)
+                            recovered += len(batch)
+                            batch = []
+                if batch:
+                    self.storage.append_events(batch)
+                    recovered += len(batch)
+                path.unlink()
+                if recovered:
+                    log.info("recovered %d spooled events from %s", recovered, path.name)
+            finally:
+                os.close(fd)

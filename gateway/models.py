@@ -1,0 +1,153 @@
+"""Records the gateway passes between its parts: run receipts and journal events.
+
+Field names are snake_case in Python and camelCase on the wire (`to_receipt`, `to_wire`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RUN_SCHEMA = "gateway.run.v1"
+EVENT_SCHEMA = "gateway.run_event.v1"
+
+ACTIVE_STATUSES = frozenset({"pending", "queued", "running", "awaiting_permission"})
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "interrupted"})
+TERMINAL_KIND_BY_STATUS = {
+    "completed": "run.completed",
+    "failed": "run.failed",
+    "cancelled": "run.cancelled",
+    "interrupted": "run.interrupted",
+}
+STATUS_BY_TERMINAL_KIND = {kind: status for status, kind in TERMINAL_KIND_BY_STATUS.items()}
+TERMINAL_KINDS = frozenset(STATUS_BY_TERMINAL_KIND)
+
+SESSION_MODES = ("native_live", "loaded", "cold_resumed", "new_session")
+
+# Kinds that may be merged under backpressure; everything else is delivered one by one.
+MERGEABLE_KINDS = frozenset({"message.delta", "thought.delta"})
+
+CURSOR_WIDTH = 18
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def format_cursor(seq: int) -> str:
+    """The text cursor clients see: the seq zero-padded to 18 digits (sorts as text too)."""
+    return f"{seq:0{CURSOR_WIDTH}d}"
+
+
+def parse_cursor(text: str | None) -> int:
+    """Parse `afterSeq` / `Last-Event-ID`: `0`, an integer, or the padded form. Raises ValueError."""
+    if text is None or text == "":
+        return 0
+    text = text.strip()
+    if not text.isdigit() or len(text) > CURSOR_WIDTH:
+        raise ValueError(f"cursor must be 0 or up to {CURSOR_WIDTH} digits, got {text[:40]!r}")
+    return int(text)
+
+
+@dataclass
+class Run:
+    host_run_id: str
+    request_id: str
+    agent_id: str
+    provider: str
+    session_id: str
+    actor_id: str
+    workspace_id: str
+    status: str = "pending"
+    session_mode: str | None = None
+    provider_run_id: str | None = None
+    target_snapshot_hash: str | None = None
+    capability_snapshot_hash: str | None = None
+    parent_run_id: str | None = None
+    created_at: int = field(default_factory=now_ms)
+    updated_at: int = field(default_factory=now_ms)
+    # Hash of the request body, to tell a retry (same body) from a conflicting reuse of the key.
+    request_hash: str = ""
+    # The frozen request: message, context, options.
+    request: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_receipt(self) -> dict[str, Any]:
+        return {
+            "schema": RUN_SCHEMA,
+            "hostRunId": self.host_run_id,
+            "requestId": self.request_id,
+            "agentId": self.agent_id,
+            "provider": self.provider,
+            "providerRunId": self.provider_run_id,
+            "sessionId": self.session_id,
+            "actorId": self.actor_id,
+            "workspaceId": self.workspace_id,
+            "status": self.status,
+            "sessionMode": self.session_mode,
+            "targetSnapshotHash": self.target_snapshot_hash,
+            "capabilitySnapshotHash": self.capability_snapshot_hash,
+            "parentRunId": self.parent_run_id,
+            "error": self.error,
+            "createdAt": self.created_at,
+            "updatedAt": self.updated_at,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Event:
+    host_run_id: str
+    seq: int
+    kind: str
+    source: str
+    payload: dict[str, Any]
+    created_at: int = field(default_factory=now_ms)
+    # The wire JSON, serialised once and shared by the spool, every SSE client and JSON pages.
+    wire: str | None = field(default=None, repr=False, compare=False)
+
+    def wire_json(self) -> str:
+        if self.wire is None:
+            self.wire = json.dumps(self.to_wire(), ensure_ascii=False, separators=(",", ":"))
+        return self.wire
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Event:
+        return cls(
+            host_run_id=data["hostRunId"],
+            seq=int(data["seq"]),
+            kind=data["kind"],
+            source=data["source"],
+            payload=data["payload"],
+            created_at=int(data["createdAt"]),
+        )
+
+    @property
+    def cursor(self) -> str:
+        return format_cursor(self.seq)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.kind in TERMINAL_KINDS
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "schema": EVENT_SCHEMA,
+            "hostRunId": self.host_run_id,
+            "seq": self.cursor,
+            "kind": self.kind,
+            "source": self.source,
+            "payload": self.payload,
+            "createdAt": self.created_at,
+        }
+
+    def payload_json(self) -> str:
+        return json.dumps(self.payload, ensure_ascii=False, separators=(",", ":"))

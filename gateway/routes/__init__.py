@@ -1,0 +1,1 @@
+"""HTTP routes of the gateway, versioned under /v1 and described in gateway/openapi.json."""

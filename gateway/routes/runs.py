@@ -1,0 +1,132 @@
+"""/v1/runs and /v1/sessions routes."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.builtin import ui_projection
+from gateway.errors import ApiError, read_json
+from gateway.models import Run, format_cursor, parse_cursor
+from gateway.sse import stream_run
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+DEFAULT_PAGE = 500
+MAX_PAGE = 5000
+
+
+def _cursor(value: str | None, name: str) -> int:
+    try:
+        return parse_cursor(value)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_cursor", f"{name}: {exc}") from exc
+
+
+def _receipt(run: Run) -> web.Response:
+    return web.json_response(run.to_receipt())
+
+
+class RunRoutes:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def _run(self, request: web.Request) -> Run:
+        run = await self.gw.runs.get(request.match_info["host_run_id"], request["actor"])
+        if run is None:
+            raise ApiError(404, "run_not_found", "no such run")
+        return run
+
+    def _projection(self, request: web.Request) -> Any:
+        name = request.query.get("projection", "ui")
+        project = self.gw.projections.get(name)
+        if project is ui_projection or (name == "ui" and project is None):
+            return None  # the fast path: the event's own wire JSON
+        if project is None:
+            raise ApiError(
+                400, "unknown_projection", f"unknown projection {name!r}", known=sorted(["ui", *self.gw.projections])
+            )
+        return project
+
+    async def create(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        run, created = await self.gw.runs.create(request["actor"], body)
+        response = _receipt(run)
+        response.set_status(201 if created else 200)
+        response.headers["Location"] = f"/v1/runs/{run.host_run_id}"
+        return response
+
+    async def get(self, request: web.Request) -> web.Response:
+        return _receipt(await self._run(request))
+
+    async def events(self, request: web.Request) -> web.Response:
+        run = await self._run(request)
+        after = _cursor(request.query.get("afterSeq"), "afterSeq")
+        try:
+            limit = int(request.query.get("limit", DEFAULT_PAGE))
+        except ValueError as exc:
+            raise ApiError(400, "invalid_limit", "limit must be an integer") from exc
+        if not 1 <= limit <= MAX_PAGE:
+            raise ApiError(400, "invalid_limit", f"limit must be 1..{MAX_PAGE}")
+        project = self._projection(request)
+        events = await self.gw.journal.read(run.host_run_id, after, limit)
+        if project is None:
+            items = "[" + ",".join(e.wire_json() for e in events) + "]"
+        else:
+            items = json.dumps([p for p in (project(e) for e in events) if p is not None], ensure_ascii=False)
+        next_cursor = format_cursor(events[-1].seq if events else after)
+        done = bool(events and events[-1].is_terminal)
+        head = f'{{"schema":"gateway.run_events.v1","hostRunId":"{run.host_run_id}","events":'
+        tail = f',"nextCursor":"{next_cursor}","complete":{"true" if done else "false"}}}'
+        text = head + items + tail
+        return web.Response(text=text, content_type="application/json")
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        run = await self._run(request)
+        header = request.headers.get("Last-Event-ID")
+        after = _cursor(header, "Last-Event-ID") if header else _cursor(request.query.get("afterSeq"), "afterSeq")
+        project = self._projection(request)
+        return await stream_run(
+            request,
+            topic=run.host_run_id,
+            journal=self.gw.journal,
+            bus=self.gw.bus,
+            after_seq=after,
+            is_finished=lambda: run.is_terminal,
+            capacity=self.gw.stream_capacity,
+            heartbeat=self.gw.heartbeat,
+            stats=self.gw.stream_stats,
+            project=project,
+        )
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        run = await self.gw.runs.cancel(request.match_info["host_run_id"], request["actor"])
+        if run is None:
+            raise ApiError(404, "run_not_found", "no such run")
+        response = _receipt(run)
+        response.set_status(200 if run.is_terminal else 202)
+        return response
+
+    async def active_run(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["session_id"]
+        run = await self.gw.runs.active_run(request["actor"], session_id)
+        return web.json_response(
+            {
+                "schema": "gateway.active_run.v1",
+                "sessionId": session_id,
+                "run": run.to_receipt() if run else None,
+            }
+        )
+
+
+def setup(app: web.Application, gateway: Gateway) -> None:
+    routes = RunRoutes(gateway)
+    app.router.add_post("/v1/runs", routes.create)
+    app.router.add_get("/v1/runs/{host_run_id}", routes.get)
+    app.router.add_get("/v1/runs/{host_run_id}/events", routes.events)
+    app.router.add_get("/v1/runs/{host_run_id}/stream", routes.stream)
+    app.router.add_post("/v1/runs/{host_run_id}/cancel", routes.cancel)
+    app.router.add_get("/v1/sessions/{session_id}/active-run", routes.active_run)

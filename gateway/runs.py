@@ -1,0 +1,432 @@
+"""Runs: receipts, idempotent creation, per-session queueing, execution, cancel, recovery.
+
+A run's events take one path (runtime → journal → bus → SSE); this module owns the status.
+The terminal event is always appended before the status flips, and exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import ApiError
+from gateway.journal import Journal
+from gateway.models import (
+    ACTIVE_STATUSES,
+    STATUS_BY_TERMINAL_KIND,
+    TERMINAL_KIND_BY_STATUS,
+    Run,
+    now_ms,
+)
+from gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
+from gateway.sessions import SessionStrategy, TranscriptStrategy
+from gateway.storage import RequestConflict, Storage
+
+log = logging.getLogger("gateway.runs")
+
+MAX_ID_LENGTH = 200
+TRANSCRIPT_KEEP_TURNS = 50
+
+
+def canonical_hash(value: Any) -> str:
+    blob = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _require_id(body: dict[str, Any], key: str, default: str | None = None) -> str:
+    value = body.get(key, default)
+    if not isinstance(value, str) or not value.strip():
+        raise ApiError(400, "invalid_request", f"{key} must be a non-empty string")
+    if len(value) > MAX_ID_LENGTH:
+        raise ApiError(400, "invalid_request", f"{key} must be at most {MAX_ID_LENGTH} characters")
+    return value
+
+
+def validate_run_request(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "the body must be a JSON object")
+    request = {
+        "requestId": _require_id(body, "requestId"),
+        "agentId": _require_id(body, "agentId"),
+        "sessionId": _require_id(body, "sessionId"),
+        "workspaceId": _require_id(body, "workspaceId", "default"),
+    }
+    message = body.get("message")
+    if not isinstance(message, str) or not message.strip():
+        raise ApiError(400, "invalid_request", "message must be a non-empty string")
+    request["message"] = message
+    for key in ("context", "options"):
+        value = body.get(key, {})
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise ApiError(400, "invalid_request", f"{key} must be an object")
+        request[key] = value
+    allowed_roots = request["context"].get("allowedRoots", [])
+    if not isinstance(allowed_roots, list) or not all(isinstance(r, str) for r in allowed_roots):
+        raise ApiError(400, "invalid_request", "context.allowedRoots must be a list of strings")
+    parent = body.get("parentRunId")
+    if parent is not None and not isinstance(parent, str):
+        raise ApiError(400, "invalid_request", "parentRunId must be a string")
+    request["parentRunId"] = parent
+    unknown = set(body) - set(request)
+    if unknown:
+        raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+    return request
+
+
+@dataclass
+class ActiveRun:
+    run: Run
+    runtime: Runtime
+    task: asyncio.Task[None] | None = None
+    turn: Turn | None = None
+    started: bool = False
+    cancel_requested: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class RunManager:
+    def __init__(
+        self,
+        storage: Storage,
+        journal: Journal,
+        runtimes: dict[str, Runtime],
+        strategies: dict[str, SessionStrategy],
+        executor: ThreadPoolExecutor,
+        *,
+        run_timeout: float = 3600.0,
+        cancel_grace: float = 10.0,
+        services: dict[str, Any] | None = None,
+    ) -> None:
+        self.storage = storage
+        self.journal = journal
+        self.runtimes = runtimes
+        self.strategies = strategies
+        self.executor = executor
+        self.run_timeout = run_timeout
+        self.cancel_grace = cancel_grace
+        self.services = services if services is not None else {}
+        self._active: dict[str, ActiveRun] = {}
+        self._session_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._creating: dict[tuple[str, ...], asyncio.Lock] = {}
+        self._shutting_down = False
+        self._watchdogs: set[asyncio.Task[None]] = set()
+        self.listeners: list[Callable[[Run], None]] = []
+
+    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    # -- creation ---------------------------------------------------------------------------------
+    async def create(self, actor_id: str, body: Any) -> tuple[Run, bool]:
+        """Create a run, or return the existing one for a repeated requestId (created=False)."""
+        request = validate_run_request(body)
+        runtime = self.runtimes.get(request["agentId"])
+        if runtime is None:
+            raise ApiError(
+                400,
+                "unknown_agent",
+                f"unknown agentId {request['agentId']!r}",
+                knownAgents=sorted(self.runtimes),
+            )
+        key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
+        request_hash = canonical_hash(request)
+        lock = self._creating.setdefault(key, asyncio.Lock())
+        async with lock:
+            try:
+                existing = await self._db(self.storage.find_run_by_request, *key)
+                if existing is not None:
+                    return self._same_request(existing, request_hash), False
+                run = self._new_run(actor_id, request, request_hash, runtime)
+                try:
+                    await self._db(self.storage.insert_run, run)
+                except RequestConflict as conflict:  # another process took the key
+                    return self._same_request(conflict.existing, request_hash), False
+            finally:
+                if not lock._waiters:  # type: ignore[attr-defined]
+                    self._creating.pop(key, None)
+        self.journal.open_run(run.host_run_id)
+        active = ActiveRun(run, runtime)
+        self._active[run.host_run_id] = active
+        await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
+        active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
+        return run, True
+
+    def _same_request(self, existing: Run, request_hash: str) -> Run:
+        if existing.request_hash != request_hash:
+            raise ApiError(
+                409,
+                "request_conflict",
+                "this requestId was already used with a different request body",
+                hostRunId=existing.host_run_id,
+            )
+        active = self._active.get(existing.host_run_id)
+        return active.run if active else existing
+
+    def _new_run(self, actor_id: str, request: dict[str, Any], request_hash: str, runtime: Runtime) -> Run:
+        target = request["context"].get("target")
+        return Run(
+            host_run_id="run_" + secrets.token_hex(12),
+            request_id=request["requestId"],
+            agent_id=request["agentId"],
+            provider=runtime.provider,
+            session_id=request["sessionId"],
+            actor_id=actor_id,
+            workspace_id=request["workspaceId"],
+            parent_run_id=request["parentRunId"],
+            target_snapshot_hash=canonical_hash(target) if target is not None else None,
+            capability_snapshot_hash=canonical_hash(runtime.policy.to_wire()),
+            request_hash=request_hash,
+            request={k: request[k] for k in ("message", "context", "options")},
+        )
+
+    # -- execution ----------------------------------------------------------------------------------
+    async def _set_status(self, run: Run, status: str, **fields: Any) -> None:
+        run.status = status
+        run.updated_at = now_ms()
+        for name, value in fields.items():
+            setattr(run, name, value)
+        await self._db(self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields)
+        for listener in self.listeners:
+            listener(run)
+
+    async def _execute(self, active: ActiveRun) -> None:
+        run = active.run
+        outcome: TurnOutcome
+        lock = self._session_locks.setdefault((run.actor_id, run.session_id), asyncio.Lock())
+        try:
+            if lock.locked():
+                await self._set_status(run, "queued")
+                await self.journal.append(
+                    run.host_run_id, "run.queued", {"reason": "another run of this session is in flight"}
+                )
+            async with lock:
+                if active.cancel_requested:
+                    outcome = TurnOutcome("cancelled", "cancelled before it started")
+                else:
+                    active.started = True
+                    outcome = await self._run_turn(active)
+        except asyncio.CancelledError:
+            if self._shutting_down:
+                outcome = TurnOutcome("interrupted", "the gateway stopped while the run was active")
+            else:
+                outcome = TurnOutcome("cancelled", "cancelled")
+        except Exception as exc:  # the runtime broke; the run must still end
+            log.exception("run %s failed", run.host_run_id)
+            outcome = TurnOutcome("failed", f"{type(exc).__name__}: {exc}")
+        finally:
+            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+                self._session_locks.pop((run.actor_id, run.session_id), None)
+        await self._finish(active, outcome)
+
+    async def _run_turn(self, active: ActiveRun) -> TurnOutcome:
+        run, runtime = active.run, active.runtime
+        await self._set_status(run, "running")
+        await self.journal.append(run.host_run_id, "run.started", {"agentId": run.agent_id})
+        session = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {}
+        state = dict((session.get("runtimes") or {}).get(run.agent_id) or {})
+
+        async def emit(kind: str, payload: dict[str, Any], source: str | None) -> None:
+            await self.journal.append(run.host_run_id, kind, payload, source or run.agent_id)
+
+        async def save_state(new_state: dict[str, Any]) -> None:
+            await self._update_session(
+                run, lambda record: record.setdefault("runtimes", {}).__setitem__(run.agent_id, new_state)
+            )
+
+        async def on_session_mode(mode: str, detail: dict[str, Any]) -> None:
+            if mode != run.session_mode:
+                await self._set_status(run, run.status, session_mode=mode)
+            await self.journal.append(run.host_run_id, "session.info.updated", {"sessionMode": mode, **detail})
+
+        turn = Turn(
+            run,
+            emit,
+            list(session.get("turns") or []),
+            state,
+            save_state,
+            on_session_mode,
+            services=self.services,
+        )
+        active.turn = turn
+        strategy = self.strategies.get(run.agent_id) or TranscriptStrategy()
+        plan: SessionPlan = await strategy.plan(turn, runtime)
+        turn.plan = plan
+        await turn.set_session_mode(plan.mode, plan.detail)
+        if plan.warning:
+            await self.journal.append(run.host_run_id, "context.warning", {"message": plan.warning})
+        try:
+            async with asyncio.timeout(self.run_timeout):
+                outcome = await runtime.run_turn(turn)
+        except TimeoutError:
+            return TurnOutcome("failed", f"the run exceeded {self.run_timeout:g} s")
+        if active.cancel_requested and outcome.status == "completed" and not outcome.reason:
+            outcome = TurnOutcome("cancelled", "cancelled", outcome.detail)
+        return outcome
+
+    async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
+        record = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {
+            "sessionId": run.session_id,
+            "actorId": run.actor_id,
+            "createdAt": now_ms(),
+        }
+        change(record)
+        record["updatedAt"] = now_ms()
+        await self._db(self.storage.put_session, run.actor_id, run.session_id, record)
+
+    async def _finish(self, active: ActiveRun, outcome: TurnOutcome) -> None:
+        run = active.run
+        status = outcome.status if outcome.status in TERMINAL_KIND_BY_STATUS else "failed"
+        reason = outcome.reason
+        if status != outcome.status:
+            reason = f"runtime returned unknown status {outcome.status!r}: {reason}"
+        payload: dict[str, Any] = {"status": status, **outcome.detail}
+        if reason:
+            payload["reason"] = reason
+        await self.journal.append(run.host_run_id, TERMINAL_KIND_BY_STATUS[status], payload)
+        # The event is in the journal (spooled, published); now the status may flip.
+        run.status = status
+        run.error = reason if status != "completed" else None
+        run.updated_at = now_ms()
+        try:
+            turn = active.turn
+            if turn is not None:
+                entry = {
+                    "hostRunId": run.host_run_id,
+                    "agentId": run.agent_id,
+                    "status": status,
+                    "user": turn.message,
+                    "assistant": turn.assistant_text,
+                    "at": run.updated_at,
+                }
+                await self._update_session(
+                    run,
+                    lambda record: record.__setitem__(
+                        "turns", [*(record.get("turns") or []), entry][-TRANSCRIPT_KEEP_TURNS:]
+                    ),
+                )
+            await self.journal.flush()
+            await self._db(
+                self.storage.update_run, run.host_run_id, status=status, error=run.error, updated_at=run.updated_at
+            )
+        except Exception:
+            log.exception("could not store the end of run %s; it will be repaired on read", run.host_run_id)
+        finally:
+            self._active.pop(run.host_run_id, None)
+            self.journal.forget_run(run.host_run_id)
+            active.done.set()
+            for listener in self.listeners:
+                listener(run)
+
+    # -- reads ----------------------------------------------------------------------------------------
+    async def get(self, host_run_id: str, actor_id: str) -> Run | None:
+        active = self._active.get(host_run_id)
+        if active is not None:
+            return active.run if active.run.actor_id == actor_id else None
+        run: Run | None = await self._db(self.storage.get_run, host_run_id)
+        if run is None or run.actor_id != actor_id:
+            return None
+        await self._repair(run)
+        return run
+
+    async def _repair(self, run: Run) -> None:
+        """Make status and journal agree for a run no task of this process owns."""
+        if run.host_run_id in self._active:
+            return
+        last = await self.journal.last_event(run.host_run_id)
+        if last is not None and last.is_terminal:
+            status = STATUS_BY_TERMINAL_KIND[last.kind]
+            if run.status != status:
+                run.status = status
+                run.updated_at = now_ms()
+                await self._db(self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at)
+            return
+        if run.status in ACTIVE_STATUSES:
+            run.status = "interrupted"
+            run.error = run.error or "the gateway stopped while the run was active"
+        self.journal.open_run(run.host_run_id, next_seq=(last.seq + 1) if last else 1)
+        payload = {
+            "status": run.status,
+            "reason": run.error or "terminal status without a terminal event",
+            "synthetic": True,
+        }
+        await self.journal.append(run.host_run_id, TERMINAL_KIND_BY_STATUS[run.status], payload)
+        await self.journal.flush()
+        run.updated_at = now_ms()
+        await self._db(
+            self.storage.update_run, run.host_run_id, status=run.status, error=run.error, updated_at=run.updated_at
+        )
+        self.journal.forget_run(run.host_run_id)
+
+    async def recover(self) -> int:
+        """At start-up: every run a previous process left active becomes `interrupted`."""
+        runs: list[Run] = await self._db(self.storage.list_runs, statuses=sorted(ACTIVE_STATUSES))
+        for run in runs:
+            await self._repair(run)
+        return len(runs)
+
+    async def active_run(self, actor_id: str, session_id: str) -> Run | None:
+        candidates = [
+            a.run
+            for a in self._active.values()
+            if a.run.actor_id == actor_id and a.run.session_id == session_id and not a.run.is_terminal
+        ]
+        if not candidates:
+            return None
+        running = [r for r in candidates if r.status != "queued"]
+        return (running or candidates)[0]
+
+    def active_runs(self) -> list[Run]:
+        return [a.run for a in self._active.values()]
+
+    async def wait(self, host_run_id: str) -> None:
+        active = self._active.get(host_run_id)
+        if active is not None:
+            await active.done.wait()
+
+    # -- cancel ---------------------------------------------------------------------------------------
+    async def cancel(self, host_run_id: str, actor_id: str) -> Run | None:
+        active = self._active.get(host_run_id)
+        if active is None:
+            return await self.get(host_run_id, actor_id)
+        if active.run.actor_id != actor_id:
+            return None
+        if not active.cancel_requested:
+            active.cancel_requested = True
+            if not active.started or active.turn is None:
+                if active.task is not None and not active.started:
+                    active.task.cancel()
+            else:
+                active.turn.cancel_requested.set()
+                self._watchdogs.add(asyncio.create_task(self._force_cancel_after_grace(active)))
+                for task in [t for t in self._watchdogs if t.done()]:
+                    self._watchdogs.discard(task)
+        return active.run
+
+    async def _force_cancel_after_grace(self, active: ActiveRun) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.cancel_grace):
+                await active.done.wait()
+                return
+        if active.task is not None and not active.done.is_set():
+            log.warning(
+                "run %s ignored cancel for %.0f s; stopping its task", active.run.host_run_id, self.cancel_grace
+            )
+            active.task.cancel()
+
+    async def shutdown(self) -> None:
+        self._shutting_down = True
+        tasks = [a.task for a in self._active.values() if a.task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)

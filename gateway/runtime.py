@@ -1,0 +1,153 @@
+"""What a runtime plugin implements, and the per-run handle the core gives it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gateway.models import TERMINAL_KINDS, Run
+
+
+@dataclass
+class RuntimePolicy:
+    """How a runtime carries context between turns. Plugin defaults; an agent's `initialize`
+    answer may override them (see the `negotiate_runtime_policy` hook)."""
+
+    # How earlier turns reach the agent: "agent_session" (the agent keeps them) or
+    # "transcript_rebuild" (the gateway resends the transcript each turn).
+    context_carrier: str = "agent_session"
+    load_session: bool = False
+    replay_on_load: bool = False
+    resume_session: bool = False
+    fork_session: bool = False
+    close_session: bool = False
+    mcp_http: bool = False
+    mcp_sse: bool = False
+    prompt_images: bool = False
+    # What ends a run: "prompt_result" (the prompt call returns) or a named event.
+    terminal_semantics: str = "prompt_result"
+    # Whether a run may be cancelled mid-prompt without losing the agent session.
+    cancel_keeps_session: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "contextCarrier": self.context_carrier,
+            "loadSession": self.load_session,
+            "replayOnLoad": self.replay_on_load,
+            "resumeSession": self.resume_session,
+            "forkSession": self.fork_session,
+            "closeSession": self.close_session,
+            "mcpHttp": self.mcp_http,
+            "mcpSse": self.mcp_sse,
+            "promptImages": self.prompt_images,
+            "terminalSemantics": self.terminal_semantics,
+            "cancelKeepsSession": self.cancel_keeps_session,
+            **self.extra,
+        }
+
+
+@dataclass
+class TurnOutcome:
+    """How a turn ended. The core turns it into the run's one terminal event."""
+
+    status: str  # "completed" | "failed" | "cancelled"
+    reason: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SessionPlan:
+    """What the session strategy decided for one run."""
+
+    mode: str  # native_live | loaded | cold_resumed | new_session
+    # Earlier turns to seed a new agent session with (bounded); empty for native_live/loaded.
+    packet: list[dict[str, Any]] = field(default_factory=list)
+    warning: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+Emit = Callable[..., Awaitable[Any]]
+
+
+class Turn:
+    """One run as a runtime sees it. Created by the core; runtimes only read it and call
+    `emit`, `set_session_mode`, `save_state`."""
+
+    def __init__(
+        self,
+        run: Run,
+        emit: Emit,
+        history: list[dict[str, Any]],
+        state: dict[str, Any],
+        save_state: Callable[[dict[str, Any]], Awaitable[None]],
+        on_session_mode: Callable[[str, dict[str, Any]], Awaitable[None]],
+        services: dict[str, Any] | None = None,
+        plan: SessionPlan | None = None,
+    ) -> None:
+        self.run = run
+        self._emit = emit
+        self.history = history
+        self.state = state
+        self._save_state = save_state
+        self.plan = plan or SessionPlan("new_session")
+        self._on_session_mode = on_session_mode
+        self.services = services or {}
+        self.cancel_requested = asyncio.Event()
+        self._text_parts: list[str] = []
+        self.final_text: str | None = None
+
+    @property
+    def message(self) -> str:
+        return str(self.run.request.get("message", ""))
+
+    @property
+    def context(self) -> dict[str, Any]:
+        return dict(self.run.request.get("context") or {})
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return dict(self.run.request.get("options") or {})
+
+    async def emit(self, kind: str, payload: dict[str, Any], source: str | None = None) -> None:
+        """Append an event to the run's journal. Terminal kinds are the core's to write."""
+        if kind in TERMINAL_KINDS:
+            raise ValueError(f"runtimes do not emit {kind}; return a TurnOutcome instead")
+        if source != "adapter_replay":
+            if kind == "message.delta":
+                self._text_parts.append(str(payload.get("text", "")))
+            elif kind == "message.completed" and "text" in payload:
+                self.final_text = str(payload["text"])
+        await self._emit(kind, payload, source)
+
+    @property
+    def assistant_text(self) -> str:
+        return self.final_text if self.final_text is not None else "".join(self._text_parts)
+
+    async def set_session_mode(self, mode: str, detail: dict[str, Any] | None = None) -> None:
+        """Record how this run found its agent session (on the receipt and as an event)."""
+        await self._on_session_mode(mode, detail or {})
+
+    async def save_state(self, state: dict[str, Any]) -> None:
+        """Persist the runtime's per-session state (e.g. the agent's session id)."""
+        self.state = state
+        await self._save_state(state)
+
+
+class Runtime(Protocol):
+    agent_id: str
+    display_name: str
+    provider: str
+    policy: RuntimePolicy
+
+    def describe(self) -> dict[str, Any]:
+        """Static descriptor parts: capabilities, fields, availability."""
+
+    async def run_turn(self, turn: Turn) -> TurnOutcome:
+        """Run one turn: emit events, watch `turn.cancel_requested`, return how it ended.
+        An exception ends the run `failed` with its message."""
+
+    async def close(self) -> None:
+        """Release processes and connections at shutdown."""

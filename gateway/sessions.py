@@ -1,0 +1,105 @@
+"""The default session strategy and the cold-resume packet.
+
+A strategy answers, per run, how the agent gets the earlier turns of the gateway session. The
+default knows only the gateway's own transcript: the first turn is `new_session`, later turns are
+`cold_resumed` with a bounded packet. Runtimes with live agent sessions supply their own strategy
+through the `session_strategy` hook.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Protocol
+
+from gateway.runtime import SessionPlan
+
+# Replies that only make sense with the previous turn in view.
+SHORT_REPLIES = frozenset(
+    {
+        "ok",
+        "okay",
+        "yes",
+        "y",
+        "no",
+        "sure",
+        "go",
+        "go on",
+        "go ahead",
+        "continue",
+        "do it",
+        "please",
+        "可以",
+        "好",
+        "好的",
+        "行",
+        "嗯",
+        "继续",
+        "是",
+        "对",
+        "确定",
+    }
+)
+PACKET_MAX_TURNS = 5
+PACKET_MAX_CHARS = 16_000
+
+
+class SessionStrategy(Protocol):
+    async def plan(self, turn: Any, runtime: Any) -> SessionPlan: ...
+
+
+def is_bare_short_reply(message: str) -> bool:
+    text = re.sub(r"[\s。.!！,，?？~]+$", "", message.strip().lower())
+    return text in SHORT_REPLIES
+
+
+def has_context(context: dict[str, Any]) -> bool:
+    target = context.get("target") or {}
+    return bool(target.get("path") or (target.get("selection") or {}).get("text") or context.get("contextRefs"))
+
+
+def cold_resume_packet(
+    history: list[dict[str, Any]], max_turns: int = PACKET_MAX_TURNS, max_chars: int = PACKET_MAX_CHARS
+) -> list[dict[str, Any]]:
+    """The last finished turns (user and assistant finals only), newest kept when over budget."""
+    packet: list[dict[str, Any]] = []
+    used = 0
+    for entry in reversed(history):
+        if entry.get("status") != "completed":
+            continue
+        item = {"user": entry.get("user", ""), "assistant": entry.get("assistant", "")}
+        size = len(item["user"]) + len(item["assistant"])
+        if packet and used + size > max_chars:
+            break
+        if size > max_chars:  # a single huge turn: keep its tail
+            item["assistant"] = item["assistant"][-(max_chars - len(item["user"][: max_chars // 4])) :]
+            item["user"] = item["user"][: max_chars // 4]
+            size = max_chars
+        packet.append(item)
+        used += size
+        if len(packet) >= max_turns:
+            break
+    packet.reverse()
+    return packet
+
+
+SHORT_REPLY_WARNING = (
+    "The message is a bare short reply but this agent session has no earlier turns or context; "
+    "the agent cannot know what it refers to."
+)
+
+
+class TranscriptStrategy:
+    """Default: rebuild from the gateway transcript."""
+
+    def __init__(self, max_turns: int = PACKET_MAX_TURNS, max_chars: int = PACKET_MAX_CHARS) -> None:
+        self.max_turns = max_turns
+        self.max_chars = max_chars
+
+    async def plan(self, turn: Any, runtime: Any) -> SessionPlan:
+        packet = cold_resume_packet(turn.history, self.max_turns, self.max_chars)
+        if packet:
+            return SessionPlan("cold_resumed", packet)
+        warning = None
+        if is_bare_short_reply(turn.message) and not has_context(turn.context):
+            warning = SHORT_REPLY_WARNING
+        return SessionPlan("new_session", [], warning)

@@ -1,0 +1,123 @@
+"""The SSE writer: replay from the journal, then tail the bus, with no gap and no duplicate.
+
+Each event is serialised once (`Event.wire_json`) and a client gets its events in batched
+writes. A client that falls behind its buffer is switched back to replay from the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp_sse import EventSourceResponse
+
+from gateway.bus import Bus
+from gateway.journal import Journal
+from gateway.models import Event
+
+REPLAY_PAGE = 2000
+WRITE_BATCH = 256
+SEND_TIMEOUT = 60.0
+
+
+def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
+    parts = []
+    for event in events:
+        if project is None:
+            data = event.wire_json()
+        else:
+            projected = project(event)
+            if projected is None:
+                continue
+            data = projected if isinstance(projected, str) else _dumps(projected)
+        parts.append(f"id: {event.cursor}\nevent: {event.kind}\ndata: {data}\n\n")
+    return "".join(parts).encode()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class StreamStats:
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.replays = 0
+        self.merges = 0
+        self.open_streams = 0
+
+
+async def stream_run(
+    request: web.Request,
+    *,
+    topic: str,
+    journal: Journal,
+    bus: Bus,
+    after_seq: int,
+    is_finished: Callable[[], bool],
+    capacity: int,
+    heartbeat: float,
+    stats: StreamStats,
+    project: Callable[[Event], Any] | None = None,
+    read: Callable[[int, int], Any] | None = None,
+) -> web.StreamResponse:
+    """Stream `topic` (a run id) after `after_seq` until its terminal event.
+
+    `is_finished()` tells whether the topic can have no later events (a finished run whose
+    terminal event the client already has); `read(after, limit)` overrides the journal read.
+    """
+    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=SEND_TIMEOUT)
+    response.headers["X-Accel-Buffering"] = "no"
+    await response.prepare(request)
+    reader = read or (lambda after, limit: journal.read(topic, after, limit))
+    subscriber = bus.subscribe(topic, capacity)
+    stats.open_streams += 1
+    last = after_seq
+    replaying = True
+    try:
+        while True:
+            if replaying or subscriber.needs_replay:
+                if subscriber.needs_replay:
+                    stats.replays += 1
+                # Dropping the buffer and snapshotting the journal happen in one step.
+                subscriber.needs_replay = False
+                subscriber.buffer.clear()
+                subscriber.wakeup.clear()
+                events = await reader(last, REPLAY_PAGE)
+                replaying = len(events) >= REPLAY_PAGE
+                if not events and not replaying and is_finished():
+                    break
+            else:
+                if not subscriber.buffer:
+                    try:
+                        async with asyncio.timeout(heartbeat):
+                            await subscriber.wakeup.wait()
+                    except TimeoutError:
+                        if not response.is_connected():
+                            break
+                        continue
+                    continue
+                events = [e for e in subscriber.take(WRITE_BATCH) if e.seq > last]
+            if not events:
+                continue
+            blob = encode_events(events, project)
+            async with asyncio.timeout(SEND_TIMEOUT):
+                await response.write(blob)
+            stats.delivered += len(events)
+            last = events[-1].seq
+            if any(e.is_terminal for e in events):
+                break
+    except (ConnectionResetError, TimeoutError):
+        pass  # the client went away or stalled; it resumes with Last-Event-ID
+    finally:
+        stats.merges += subscriber.merges
+        bus.unsubscribe(subscriber)
+        stats.open_streams -= 1
+    try:
+        response.stop_streaming()
+        await response.write_eof()
+    except (ConnectionResetError, RuntimeError):
+        pass
+    return response

@@ -1,0 +1,73 @@
+"""The storage contract. A storage plugin returns an object with these methods from the
+`storage_backend` hook; the core calls them from worker threads (never on the event loop), so a
+backend may block. Every method must be safe to call from more than one thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from gateway.models import Event, Run
+
+
+class RequestConflict(Exception):
+    """`insert_run` found a run with the same (actor, session, workspace, requestId)."""
+
+    def __init__(self, existing: Run) -> None:
+        super().__init__(existing.host_run_id)
+        self.existing = existing
+
+
+class Storage(Protocol):
+    def open(self) -> None:
+        """Connect and create missing tables. Called once at start-up."""
+
+    def close(self) -> None: ...
+
+    # -- runs -------------------------------------------------------------------------------
+    def insert_run(self, run: Run) -> None:
+        """Insert a new run; raise RequestConflict(existing) if its idempotency key is taken."""
+
+    def update_run(self, host_run_id: str, **fields: Any) -> None:
+        """Update some Run fields (status, session_mode, provider_run_id, error, updated_at, ...)."""
+
+    def get_run(self, host_run_id: str) -> Run | None: ...
+
+    def find_run_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None: ...
+
+    def list_runs(
+        self,
+        *,
+        actor_id: str | None = None,
+        session_id: str | None = None,
+        statuses: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Run]:
+        """Runs matching every given filter, oldest first."""
+
+    # -- events -----------------------------------------------------------------------------
+    def append_events(self, events: Sequence[Event]) -> None:
+        """Write a batch in one transaction (group commit). A (host_run_id, seq) already stored is
+        skipped, not an error, so a batch may be replayed after a crash."""
+
+    def read_events(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        """Events with seq > after_seq, in seq order."""
+
+    def last_event(self, host_run_id: str) -> Event | None: ...
+
+    # -- sessions, preferences, receipts ------------------------------------------------------
+    def get_session(self, actor_id: str, session_id: str) -> dict[str, Any] | None:
+        """The stored session record (a JSON object) or None."""
+
+    def put_session(self, actor_id: str, session_id: str, record: dict[str, Any]) -> None: ...
+
+    def get_preferences(self, actor_id: str) -> dict[str, Any]: ...
+
+    def put_preferences(self, actor_id: str, values: dict[str, Any]) -> None:
+        """Replace the actor's stored preferences with `values`."""
+
+    def insert_receipt(self, receipt: dict[str, Any]) -> None:
+        """Store one tool receipt; it carries at least `hostRunId`, `actorId` and `createdAt`."""
+
+    def list_receipts(self, host_run_id: str) -> list[dict[str, Any]]: ...

@@ -1,0 +1,20 @@
+"""Session strategy family: how a run finds its agent session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookspecs import hookspec
+
+
+@hookspec(firstresult=True)
+def session_strategy(runtime: Any, config: Any) -> Any:
+    """Return the session strategy for ``runtime``, or None to leave it to another plugin.
+
+    A strategy decides, for each run, whether to reuse a live binding (``native_live``), load
+    the agent's session (``loaded``), or start a new one with a cold-resume packet
+    (``cold_resumed`` / ``new_session``); see :class:`gateway.sessions.SessionStrategy`.
+    First non-None result wins; the built-in default is ``trylast``.
+
+    Called once per runtime when the app is created.
+    """

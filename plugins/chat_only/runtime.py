@@ -1,0 +1,159 @@
+"""The chat-only runtime: streams one chat completion per turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+
+from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+
+
+class UpstreamError(Exception):
+    pass
+
+
+class ChatOnlyRuntime:
+    agent_id = "chat-only"
+    display_name = "Chat only"
+    provider = "openai-compatible"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        api_key: str,
+        model: str,
+        system_prompt: str = "",
+        connect_timeout: float = 10.0,
+        idle_timeout: float = 120.0,
+        max_history_turns: int = 20,
+        max_history_chars: int = 64_000,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.model = model
+        self.system_prompt = system_prompt
+        self.connect_timeout = connect_timeout
+        self.idle_timeout = idle_timeout
+        self.max_history_turns = max_history_turns
+        self.max_history_chars = max_history_chars
+        self.policy = RuntimePolicy(
+            context_carrier="transcript_rebuild", terminal_semantics="stream_end", cancel_keeps_session=True
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "capabilities": ["chat"],
+            "availability": {
+                "available": bool(self.base_url),
+                "upstreamConfigured": bool(self.base_url),
+                "reason": None if self.base_url else "set chat_only.base_url or OPENAI_BASE_URL",
+            },
+            "fields": [
+                {"key": "model", "label": "Model", "kind": "string", "default": self.model},
+            ],
+        }
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout, sock_read=self.idle_timeout)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    def build_messages(self, turn: Turn) -> list[dict[str, str]]:
+        messages: list[dict[str, str]] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        for entry in turn.plan.packet:
+            messages.append({"role": "user", "content": entry["user"]})
+            if entry.get("assistant"):
+                messages.append({"role": "assistant", "content": entry["assistant"]})
+        user = turn.message
+        selection = ((turn.context.get("target") or {}).get("selection") or {}).get("text")
+        if selection:
+            user = f"{user}\n\n[Selected text]\n{selection}"
+        messages.append({"role": "user", "content": user})
+        return messages
+
+    async def run_turn(self, turn: Turn) -> TurnOutcome:
+        if not self.base_url:
+            return TurnOutcome("failed", "no upstream configured: set chat_only.base_url or OPENAI_BASE_URL")
+        stream = asyncio.create_task(self._stream(turn))
+        cancel = asyncio.create_task(turn.cancel_requested.wait())
+        try:
+            done, _ = await asyncio.wait({stream, cancel}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancel.cancel()
+        if stream not in done:
+            stream.cancel()  # closes the upstream response and its connection
+            await asyncio.gather(stream, return_exceptions=True)
+            return TurnOutcome("cancelled", "cancelled by the client; upstream request closed")
+        try:
+            text = stream.result()
+        except UpstreamError as exc:
+            return TurnOutcome("failed", str(exc))
+        except TimeoutError:
+            return TurnOutcome("failed", f"upstream sent nothing for {self.idle_timeout:g} s")
+        except aiohttp.ClientError as exc:
+            return TurnOutcome("failed", f"cannot reach upstream {self.base_url}: {exc}")
+        await turn.emit("message.completed", {"text": text})
+        return TurnOutcome("completed")
+
+    async def _stream(self, turn: Turn) -> str:
+        body: dict[str, Any] = {
+            "model": turn.options.get("model") or self.model or "default",
+            "messages": self.build_messages(turn),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        parts: list[str] = []
+        async with self._http().post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
+            if response.status >= 400:
+                raise UpstreamError(f"upstream answered {response.status}: {await _error_message(response)}")
+            async for raw in response.content:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(data)
+                except ValueError as exc:
+                    raise UpstreamError(f"upstream sent a malformed chunk: {data[:200]}") from exc
+                if chunk.get("error"):
+                    raise UpstreamError(f"upstream error: {chunk['error'].get('message', chunk['error'])}")
+                if chunk.get("usage"):
+                    await turn.emit("usage.updated", {"usage": chunk["usage"]})
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    if delta.get("reasoning_content"):
+                        await turn.emit("thought.delta", {"text": delta["reasoning_content"]})
+                    if delta.get("content"):
+                        parts.append(delta["content"])
+                        await turn.emit("message.delta", {"text": delta["content"]})
+            else:
+                raise UpstreamError("upstream closed the stream before [DONE]")
+        return "".join(parts)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    text = await response.text()
+    try:
+        error = json.loads(text).get("error")
+        if isinstance(error, dict):
+            return str(error.get("message") or error)
+        if error:
+            return str(error)
+    except ValueError:
+        pass
+    return text[:500] or response.reason or "no body"
