@@ -319,3 +319,7 @@ def main() -> None:
     except PluginError as exc:
         click.echo(f"error: {exc}", err=True)
     cli()
+
+
+if __name__ == "__main__":
+    main()

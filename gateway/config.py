@@ -52,6 +52,16 @@ def _validate_auth(section: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+def _validate_workspaces(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    for workspace_id, directory in section["roots"].items():
+        if not isinstance(directory, str) or not directory:
+            problems.append((f"roots.{workspace_id}", "must be a directory path"))
+        elif not Path(directory).expanduser().is_dir():
+            problems.append((f"roots.{workspace_id}", f"directory {directory} does not exist"))
+    return problems
+
+
 CORE_SECTIONS = [
     SectionSpec(
         "gateway",
@@ -76,6 +86,12 @@ CORE_SECTIONS = [
         "Bearer tokens mapped to actor ids. None: one local actor, loopback only.",
     ),
     SectionSpec("storage", {"url": ""}, None, "Storage URL; empty: SQLite in the data directory."),
+    SectionSpec(
+        "workspaces",
+        {"roots": {}, "allow_shell": False},
+        _validate_workspaces,
+        "Workspace ids mapped to directories; tools reach files only below a run's allowed roots there.",
+    ),
 ]
 
 
@@ -143,6 +159,10 @@ class Config:
     @property
     def storage_url(self) -> str:
         return self.section("storage")["url"] or f"sqlite:///{self.data_dir / 'gateway.db'}"
+
+    @property
+    def workspace_roots(self) -> dict[str, Path]:
+        return {k: Path(v).expanduser() for k, v in self.section("workspaces")["roots"].items()}
 
     @property
     def tokens(self) -> dict[str, str]:

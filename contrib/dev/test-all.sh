@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine, then runs the whole suite.
+# Idempotent: a second run reuses what is installed. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+PYTHON=${PYTHON:-python3}
+
+# 1. PostgreSQL on 127.0.0.1:5432 with a database "test" (trust auth on this kind of machine).
+if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+  echo "== starting PostgreSQL"
+  if command -v pg_ctlcluster >/dev/null && ls /etc/postgresql >/dev/null 2>&1; then
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  else
+    echo "PostgreSQL is not installed; installing it" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  fi
+  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+fi
+psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
+  || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
+
+# 2. The gateway with its test extras, and the example plugin's build tools.
+echo "== installing agent-gateway[test]"
+"$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]"
+
+# 3. The real agent peers (Reasonix, Hermes, Pi, LightRAG) in their own folders and venvs.
+if [ -x contrib/peers/install.sh ] || [ -f contrib/peers/install.sh ]; then
+  echo "== installing agent peers"
+  eval "$(bash contrib/peers/install.sh | grep -E '^[A-Z_]+=' | sed 's/^/export /')"
+fi
+
+# 4. The suite.
+echo "== running tests"
+set +e
+"$PYTHON" -m pytest -q -p no:cacheprovider "$@"
+status=$?
+set -e
+# pytest exits 5 when nothing was collected: that is a failure here.
+exit $status

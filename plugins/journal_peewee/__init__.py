@@ -1,0 +1,22 @@
+"""Built-in storage plugin: the peewee journal (SQLite by default, PostgreSQL by URL).
+
+It answers ``storage_backend`` for ``sqlite://``, ``postgres://`` and ``postgresql://`` URLs and is
+``trylast``, so a third-party storage plugin registered for the same scheme wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hookspecs import hookimpl
+from plugins.journal_peewee.store import SUPPORTED_SCHEMES, PeeweeStorage, handles_url
+
+__all__ = ["SUPPORTED_SCHEMES", "PeeweeStorage", "storage_backend"]
+
+
+@hookimpl(trylast=True)
+def storage_backend(url: str, config: Any) -> PeeweeStorage | None:
+    """A :class:`PeeweeStorage` for a SQLite or PostgreSQL URL; None for any other scheme."""
+    if not handles_url(url):
+        return None
+    return PeeweeStorage(url)

@@ -1,0 +1,566 @@
+"""The peewee journal: runs, events, sessions, preferences and receipts in SQLite or PostgreSQL.
+
+One :class:`PeeweeStorage` owns one peewee ``Database`` and its own model classes (built by
+:func:`build_models`), so several storages with different URLs can live in one process.
+
+URLs (the query string becomes driver connect arguments, as in ``playhouse.db_url``):
+
+- ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db`` (the path is what follows
+  the third slash, so ``f"sqlite:///{Path('/data/gateway.db')}"`` names ``/data/gateway.db``).
+  WAL mode, ``synchronous=NORMAL``, a busy timeout, and ``BEGIN IMMEDIATE`` for every write.
+- ``postgresql://user:password@host:port/dbname`` (also ``postgres://``). Pass ``schema=`` to keep
+  the tables in their own schema (created by ``open()``), or ``?options=-c%20search_path%3Dname``.
+
+Connections are per thread (peewee's thread-local connection state): the core calls the storage
+from worker threads. The hot path, :meth:`PeeweeStorage.append_events`, bypasses the query builder
+and feeds the connection's cursor directly (SQLite ``executemany``; psycopg2 ``execute_values``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+import peewee
+from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
+from playhouse import db_url
+
+from gateway.models import Event, Run, now_ms
+from gateway.storage import RequestConflict
+
+SQLITE_SCHEMES = frozenset({"sqlite"})
+POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})
+SUPPORTED_SCHEMES = SQLITE_SCHEMES | POSTGRES_SCHEMES
+
+DEFAULT_TABLE_PREFIX = "ag_"
+DEFAULT_BUSY_TIMEOUT_MS = 15_000
+# Rows per statement for the PostgreSQL multi-row VALUES insert.
+PG_PAGE_SIZE = 1_000
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))
+_UPDATABLE_RUN_FIELDS = frozenset(_RUN_FIELDS) - {"host_run_id"}
+_EVENT_COLUMNS = ("host_run_id", "seq", "kind", "source", "payload", "created_at")
+
+
+def url_scheme(url: str) -> str:
+    """The lower-cased scheme of a storage URL (``""`` when there is none)."""
+    return urlsplit(url).scheme.lower()
+
+
+def handles_url(url: str) -> bool:
+    """True when :class:`PeeweeStorage` can open ``url``."""
+    return url_scheme(url) in SUPPORTED_SCHEMES
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for logs and reprs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username or ''}:***@{host}").geturl()
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _check_identifier(kind: str, value: str) -> str:
+    if not _IDENTIFIER.match(value):
+        raise ValueError(f"{kind} must match {_IDENTIFIER.pattern}, got {value!r}")
+    return value
+
+
+# -- databases that remember their connections (so close() reaches every thread's) --------------
+
+
+class _ConnectionRegistry:
+    """Mixin for a peewee Database: track every DB-API connection opened, in any thread, so
+    ``close_all()`` can close them all. A connection whose thread has ended is closed the next
+    time any thread connects, so short-lived threads do not pile up connections."""
+
+    def _init_registry(self) -> None:
+        self._open_conns: list[tuple[threading.Thread, Any]] = []
+        self._open_conns_lock = threading.Lock()
+
+    def _connect(self) -> Any:
+        conn = super()._connect()  # type: ignore[misc]
+        with self._open_conns_lock:
+            alive: list[tuple[threading.Thread, Any]] = []
+            for owner, other in self._open_conns:
+                if owner.is_alive():
+                    alive.append((owner, other))
+                else:
+                    with suppress(Exception):
+                        other.close()
+            alive.append((threading.current_thread(), conn))
+            self._open_conns = alive
+        return conn
+
+    def _close(self, conn: Any) -> None:
+        with self._open_conns_lock:
+            self._open_conns = [(owner, other) for owner, other in self._open_conns if other is not conn]
+        super()._close(conn)  # type: ignore[misc]
+
+    def open_connection_count(self) -> int:
+        with self._open_conns_lock:
+            return len(self._open_conns)
+
+    def close_all(self) -> None:
+        """Close this thread's connection through peewee, then every other thread's directly."""
+        if not self.is_closed():  # type: ignore[attr-defined]
+            self.close()  # type: ignore[attr-defined]
+        with self._open_conns_lock:
+            conns, self._open_conns = self._open_conns, []
+        for _owner, conn in conns:
+            with suppress(Exception):  # best effort at shutdown
+                conn.close()
+
+
+class _SqliteDatabase(_ConnectionRegistry, peewee.SqliteDatabase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._init_registry()
+        super().__init__(*args, **kwargs)
+
+
+class _PostgresqlDatabase(_ConnectionRegistry, peewee.PostgresqlDatabase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._init_registry()
+        super().__init__(*args, **kwargs)
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Models:
+    """The model classes of one storage, bound to its database. (Typed ``Any``: they are built at
+    run time, so a type checker cannot see their fields.)"""
+
+    run: Any
+    event: Any
+    session: Any
+    preference: Any
+    receipt: Any
+
+    def all(self) -> list[type[peewee.Model]]:
+        return [self.run, self.event, self.session, self.preference, self.receipt]
+
+
+def build_models(database: peewee.Database, prefix: str, schema: str | None) -> Models:
+    """Model classes bound to ``database``; table names are ``prefix + name``."""
+
+    bound_database, bound_schema = database, schema
+
+    class Base(peewee.Model):
+        class Meta:
+            database = bound_database
+            schema = bound_schema
+            # Index names start with the (prefixed) table name, not the class name.
+            legacy_table_names = False
+
+    class RunRow(Base):
+        host_run_id = peewee.TextField(primary_key=True)
+        request_id = peewee.TextField()
+        agent_id = peewee.TextField()
+        provider = peewee.TextField()
+        session_id = peewee.TextField()
+        actor_id = peewee.TextField()
+        workspace_id = peewee.TextField()
+        status = peewee.TextField()
+        session_mode = peewee.TextField(null=True)
+        provider_run_id = peewee.TextField(null=True)
+        target_snapshot_hash = peewee.TextField(null=True)
+        capability_snapshot_hash = peewee.TextField(null=True)
+        parent_run_id = peewee.TextField(null=True)
+        created_at = peewee.BigIntegerField()
+        updated_at = peewee.BigIntegerField()
+        request_hash = peewee.TextField(default="")
+        request = peewee.TextField(default="{}")
+        error = peewee.TextField(null=True)
+
+        class Meta:
+            table_name = f"{prefix}runs"
+            indexes = (
+                (("actor_id", "session_id", "workspace_id", "request_id"), True),
+                (("session_id", "created_at"), False),
+                (("status",), False),
+            )
+
+    class EventRow(Base):
+        host_run_id = peewee.TextField()
+        seq = peewee.BigIntegerField()
+        kind = peewee.TextField()
+        source = peewee.TextField()
+        payload = peewee.TextField()
+        created_at = peewee.BigIntegerField()
+
+        class Meta:
+            table_name = f"{prefix}events"
+            primary_key = peewee.CompositeKey("host_run_id", "seq")
+
+    class SessionRow(Base):
+        actor_id = peewee.TextField()
+        session_id = peewee.TextField()
+        record = peewee.TextField()
+        updated_at = peewee.BigIntegerField()
+
+        class Meta:
+            table_name = f"{prefix}sessions"
+            primary_key = peewee.CompositeKey("actor_id", "session_id")
+
+    class PreferenceRow(Base):
+        actor_id = peewee.TextField(primary_key=True)
+        values_json = peewee.TextField(column_name="values")
+
+        class Meta:
+            table_name = f"{prefix}preferences"
+
+    class ReceiptRow(Base):
+        id = peewee.AutoField()
+        host_run_id = peewee.TextField(index=True)
+        actor_id = peewee.TextField(index=True)
+        created_at = peewee.BigIntegerField()
+        record = peewee.TextField()
+
+        class Meta:
+            table_name = f"{prefix}receipts"
+
+    return Models(RunRow, EventRow, SessionRow, PreferenceRow, ReceiptRow)
+
+
+# -- the storage ------------------------------------------------------------------------------------
+
+
+class PeeweeStorage:
+    """:class:`gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table_prefix: str = DEFAULT_TABLE_PREFIX,
+        schema: str | None = None,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    ) -> None:
+        scheme = url_scheme(url)
+        if scheme not in SUPPORTED_SCHEMES:
+            raise ValueError(f"PeeweeStorage handles sqlite:// and postgresql:// URLs, not {url!r}")
+        self.url = url
+        self.table_prefix = _check_identifier("table_prefix", table_prefix) if table_prefix else ""
+        self.schema = _check_identifier("schema", schema) if schema else None
+        self.is_sqlite = scheme in SQLITE_SCHEMES
+        connect_kwargs: dict[str, Any] = db_url.parse(url, unquote_password=True, unquote_user=True)
+        self.database: peewee.Database
+        if self.is_sqlite:
+            if self.schema:
+                raise ValueError("schema= is for PostgreSQL; use table_prefix= with SQLite")
+            path = connect_kwargs.pop("database")
+            if path in ("", ":memory:"):
+                raise ValueError("an in-memory SQLite journal is not supported (one per thread)")
+            self.path: Path | None = Path(path)
+            timeout_s = busy_timeout_ms / 1000
+            self.database = _SqliteDatabase(
+                path,
+                pragmas={
+                    "journal_mode": "wal",
+                    "synchronous": 1,  # NORMAL: durable across process crashes, fast in WAL
+                    "busy_timeout": busy_timeout_ms,
+                    "foreign_keys": 0,
+                },
+                timeout=timeout_s,
+                check_same_thread=False,  # each thread has its own; close() may run elsewhere
+                **connect_kwargs,
+            )
+        else:
+            self.path = None
+            self.database = _PostgresqlDatabase(**connect_kwargs)
+        self.models = build_models(self.database, self.table_prefix, self.schema)
+        self._events_table = self._qualified(self.models.event._meta.table_name)
+        self._opened = False
+        self._open_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"PeeweeStorage({redact_url(self.url)!r}, table_prefix={self.table_prefix!r}, schema={self.schema!r})"
+
+    def _qualified(self, table: str) -> str:
+        if self.schema:
+            return f'"{self.schema}"."{table}"'
+        return f'"{table}"'
+
+    @contextmanager
+    def _write(self) -> Iterator[None]:
+        """A write transaction. SQLite takes the write lock up front (``BEGIN IMMEDIATE``) so two
+        writers wait on the busy timeout instead of failing on a lock upgrade."""
+        if self.is_sqlite:
+            with self.database.atomic(lock_type="IMMEDIATE"):
+                yield
+        else:
+            with self.database.atomic():
+                yield
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect and create missing tables (and the schema / SQLite folder). Idempotent."""
+        with self._open_lock:
+            if self._opened:
+                return
+            if self.path is not None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.database.connect(reuse_if_open=True)
+            with self.database.atomic():
+                if self.schema:
+                    self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
+                self.database.create_tables(self.models.all(), safe=True)
+            self._opened = True
+
+    def close(self) -> None:
+        """Close every connection this storage opened, in every thread. Final: the storage is
+        not to be used afterwards."""
+        with self._open_lock:
+            self.database.close_all()  # type: ignore[attr-defined]
+            self._opened = False
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs ---------------------------------------------------------------------------------
+    @staticmethod
+    def _run_to_row(run: Run) -> dict[str, Any]:
+        row = {name: getattr(run, name) for name in _RUN_FIELDS}
+        row["request"] = _dumps(run.request)
+        return row
+
+    @staticmethod
+    def _row_to_run(row: dict[str, Any]) -> Run:
+        values = {name: row[name] for name in _RUN_FIELDS}
+        values["request"] = json.loads(values["request"]) if values["request"] else {}
+        return Run(**values)
+
+    def insert_run(self, run: Run) -> None:
+        """Insert a new run; raise RequestConflict(existing) if its idempotency key is taken.
+        A duplicate ``host_run_id`` with a free key raises ``peewee.IntegrityError``."""
+        model = self.models.run
+        try:
+            with self._write():
+                model.insert(**self._run_to_row(run)).execute()
+        except peewee.IntegrityError:
+            existing = self.find_run_by_request(run.actor_id, run.session_id, run.workspace_id, run.request_id)
+            if existing is None:
+                raise
+            raise RequestConflict(existing) from None
+
+    def update_run(self, host_run_id: str, **fields: Any) -> None:
+        """Update some Run fields by their snake_case names; ``request`` takes a dict. An unknown
+        field (or ``host_run_id``) raises ValueError; an unknown run is a no-op."""
+        unknown = sorted(set(fields) - _UPDATABLE_RUN_FIELDS)
+        if unknown:
+            raise ValueError(f"update_run: not updatable Run field(s): {', '.join(unknown)}")
+        if not fields:
+            return
+        if "request" in fields:
+            fields["request"] = _dumps(fields["request"])
+        model = self.models.run
+        with self._write():
+            model.update(**fields).where(model.host_run_id == host_run_id).execute()
+
+    def get_run(self, host_run_id: str) -> Run | None:
+        model = self.models.run
+        row = model.select().where(model.host_run_id == host_run_id).dicts().first()
+        return self._row_to_run(row) if row else None
+
+    def find_run_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None:
+        model = self.models.run
+        row = (
+            model.select()
+            .where(
+                (model.actor_id == actor_id)
+                & (model.session_id == session_id)
+                & (model.workspace_id == workspace_id)
+                & (model.request_id == request_id)
+            )
+            .dicts()
+            .first()
+        )
+        return self._row_to_run(row) if row else None
+
+    def list_runs(
+        self,
+        *,
+        actor_id: str | None = None,
+        session_id: str | None = None,
+        statuses: Iterable[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Run]:
+        """Runs matching every given filter, oldest first (created_at, then host_run_id)."""
+        model = self.models.run
+        query = model.select()
+        if actor_id is not None:
+            query = query.where(model.actor_id == actor_id)
+        if session_id is not None:
+            query = query.where(model.session_id == session_id)
+        if statuses is not None:
+            wanted = list(statuses)
+            if not wanted:
+                return []
+            query = query.where(model.status.in_(wanted))
+        query = query.order_by(model.created_at, model.host_run_id)
+        if limit is not None:
+            query = query.limit(limit)
+        return [self._row_to_run(row) for row in query.dicts()]
+
+    # -- events -------------------------------------------------------------------------------
+    def append_events(self, events: Sequence[Event]) -> None:
+        """Write a batch in one transaction; a (host_run_id, seq) already stored is skipped."""
+        if not events:
+            return
+        rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
+        columns = ", ".join(_EVENT_COLUMNS)
+        with self._write(), _wrap_db_errors:
+            cursor = self.database.cursor()
+            try:
+                if self.is_sqlite:
+                    cursor.executemany(
+                        f"INSERT INTO {self._events_table} ({columns}) VALUES (?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (host_run_id, seq) DO NOTHING",
+                        rows,
+                    )
+                else:
+                    self._pg_insert_events(cursor, columns, rows)
+            finally:
+                cursor.close()
+
+    def _pg_insert_events(self, cursor: Any, columns: str, rows: list[tuple[Any, ...]]) -> None:
+        conflict = "ON CONFLICT (host_run_id, seq) DO NOTHING"
+        try:
+            from psycopg2.extras import execute_values
+        except ImportError:  # another driver: plain executemany
+            placeholders = ", ".join(["%s"] * len(_EVENT_COLUMNS))
+            cursor.executemany(
+                f"INSERT INTO {self._events_table} ({columns}) VALUES ({placeholders}) {conflict}",
+                rows,
+            )
+            return
+        execute_values(
+            cursor,
+            f"INSERT INTO {self._events_table} ({columns}) VALUES %s {conflict}",
+            rows,
+            page_size=PG_PAGE_SIZE,
+        )
+
+    @staticmethod
+    def _tuple_to_event(row: tuple[Any, ...]) -> Event:
+        host_run_id, seq, kind, source, payload, created_at = row
+        return Event(host_run_id, seq, kind, source, json.loads(payload), created_at)
+
+    def _event_query(self, host_run_id: str) -> Any:
+        model = self.models.event
+        return (
+            model.select(
+                model.host_run_id,
+                model.seq,
+                model.kind,
+                model.source,
+                model.payload,
+                model.created_at,
+            )
+            .where(model.host_run_id == host_run_id)
+            .tuples()
+        )
+
+    def read_events(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        """Events with seq > after_seq, in seq order, at most ``limit`` of them."""
+        model = self.models.event
+        query = self._event_query(host_run_id).where(model.seq > after_seq).order_by(model.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        return [self._tuple_to_event(row) for row in query]
+
+    def last_event(self, host_run_id: str) -> Event | None:
+        model = self.models.event
+        row = self._event_query(host_run_id).order_by(model.seq.desc()).limit(1).first()
+        return self._tuple_to_event(row) if row else None
+
+    # -- sessions -----------------------------------------------------------------------------
+    def get_session(self, actor_id: str, session_id: str) -> dict[str, Any] | None:
+        model = self.models.session
+        row = (
+            model.select(model.record)
+            .where((model.actor_id == actor_id) & (model.session_id == session_id))
+            .tuples()
+            .first()
+        )
+        return json.loads(row[0]) if row else None
+
+    def put_session(self, actor_id: str, session_id: str, record: dict[str, Any]) -> None:
+        """Insert or replace the session record."""
+        model = self.models.session
+        with self._write():
+            (
+                model.insert(
+                    actor_id=actor_id,
+                    session_id=session_id,
+                    record=_dumps(record),
+                    updated_at=now_ms(),
+                )
+                .on_conflict(
+                    conflict_target=[model.actor_id, model.session_id],
+                    preserve=[model.record, model.updated_at],
+                )
+                .execute()
+            )
+
+    # -- preferences --------------------------------------------------------------------------
+    def get_preferences(self, actor_id: str) -> dict[str, Any]:
+        """The actor's stored preferences; ``{}`` when none were stored."""
+        model = self.models.preference
+        row = model.select(model.values_json).where(model.actor_id == actor_id).tuples().first()
+        return json.loads(row[0]) if row else {}
+
+    def put_preferences(self, actor_id: str, values: dict[str, Any]) -> None:
+        """Replace the actor's stored preferences with ``values``."""
+        model = self.models.preference
+        with self._write():
+            (
+                model.insert(actor_id=actor_id, values_json=_dumps(values))
+                .on_conflict(conflict_target=[model.actor_id], preserve=[model.values_json])
+                .execute()
+            )
+
+    # -- receipts -----------------------------------------------------------------------------
+    def insert_receipt(self, receipt: dict[str, Any]) -> None:
+        """Store one tool receipt (kept whole as JSON). ``hostRunId`` and ``actorId`` are
+        required (ValueError); an integer ``createdAt`` (ms) is indexed, otherwise now."""
+        host_run_id = receipt.get("hostRunId")
+        actor_id = receipt.get("actorId")
+        if not host_run_id or not actor_id:
+            raise ValueError("a receipt needs hostRunId and actorId")
+        created_at = receipt.get("createdAt")
+        if not isinstance(created_at, int) or isinstance(created_at, bool):
+            created_at = now_ms()
+        model = self.models.receipt
+        with self._write():
+            model.insert(
+                host_run_id=str(host_run_id),
+                actor_id=str(actor_id),
+                created_at=created_at,
+                record=_dumps(receipt),
+            ).execute()
+
+    def list_receipts(self, host_run_id: str) -> list[dict[str, Any]]:
+        """The run's receipts in insertion order."""
+        model = self.models.receipt
+        query = model.select(model.record).where(model.host_run_id == host_run_id).order_by(model.id).tuples()
+        return [json.loads(record) for (record,) in query]
