@@ -49,7 +49,7 @@ class Gateway:
             storage,
             self.bus,
             self.data_dir / "spool",
-            batch_max=max(int(gw["journal_batch_events"]), 1) * 10,
+            batch_max=int(gw["journal_batch_events"]),
             read_executor=self.executor,
         )
         self.runtimes: dict[str, Runtime] = {}
@@ -64,7 +64,14 @@ class Gateway:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()
         self.stream_stats = StreamStats()
-        self.services: dict[str, Any] = {"config": config, "plugins": plugins, "gateway": self}
+        # What runtimes may use through `turn.services` (no runtime imports the app).
+        self.services: dict[str, Any] = {
+            "config": config,
+            "plugins": plugins,
+            "gateway": self,
+            "data_dir": self.data_dir,
+            "workspace_roots": config.workspace_roots,
+        }
         self.runs = RunManager(
             storage,
             self.journal,
@@ -105,8 +112,11 @@ class Gateway:
                 log.exception("runtime %s failed to close", runtime.agent_id)
         await self.plugins.shutdown(app)
         await self.journal.close()
-        await asyncio.get_running_loop().run_in_executor(self.executor, self.storage.close)
-        self.executor.shutdown(wait=False)
+        loop = asyncio.get_running_loop()
+        # A cancelled await does not stop its worker thread: let every storage call still running
+        # finish before closing the connections under it (closing one in use crashed SQLite).
+        await loop.run_in_executor(None, self.executor.shutdown, True)
+        await loop.run_in_executor(None, self.storage.close)
 
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)

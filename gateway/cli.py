@@ -87,7 +87,8 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     await site.start()
     server = site._server
     port = server.sockets[0].getsockname()[1] if server and server.sockets else gw["port"]  # type: ignore[union-attr]
-    url = f"http://{gw['host']}:{port}"
+    shown_host = f"[{gw['host']}]" if ":" in gw["host"] else gw["host"]  # IPv6 literals need brackets
+    url = f"http://{shown_host}:{port}"
     click.echo(f"agent-gateway listening on {url}", err=False)
     click.echo(f"data directory: {config.data_dir}  storage: {_redact(config.storage_url)}")
     sys.stdout.flush()
@@ -225,8 +226,8 @@ async def _tail(
                     status = _print_event(event, out, raw)
                     if status:
                         return status
-        except (TimeoutError, aiohttp.ClientConnectionError):
-            pass
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
+            pass  # a cut mid-stream surfaces as an incomplete chunked payload: resume too
         out(f"\n[connection lost; resuming after {last}]\n")
         await asyncio.sleep(min(0.2 * (attempt + 1), 2.0))  # reconnect pacing, not synchronisation
     raise click.ClickException(f"gave up after {attempts} reconnects")

@@ -72,8 +72,7 @@ CORE_SECTIONS = [
             "max_body_bytes": 1_048_576,
             "heartbeat_seconds": 15.0,
             "stream_buffer_events": 1024,
-            "journal_batch_events": 500,
-            "journal_flush_ms": 20.0,
+            "journal_batch_events": 5000,
             "run_timeout_seconds": 3600.0,
         },
         _validate_gateway,
@@ -202,9 +201,20 @@ class Config:
                         f"{origin[key]}: {name}.{key}: expected {expected.__name__}, got {type(value).__name__}"
                     )
                     bad_keys.add(key)
-            if spec.validate and not bad_keys:
-                for key, problem in spec.validate(self.section(name)):
-                    found.append(f"{origin.get(key.split('.')[0], where)}: {name}.{key}: {problem}")
+            if spec.validate:
+                # Validate the keys that are well-typed too (every problem, not just the first
+                # kind): bad keys are checked with their defaults and not reported twice.
+                checked = {k: v for k, v in self.section(name).items() if k in spec.defaults}
+                checked.update({k: spec.defaults[k] for k in bad_keys if k in spec.defaults})
+                try:
+                    validated = spec.validate(checked)
+                except Exception as exc:  # a plugin's validator must not hide the other problems
+                    validated = [("", f"validator failed: {type(exc).__name__}: {exc}")]
+                for key, problem in validated:
+                    if key.split(".")[0] in bad_keys:
+                        continue
+                    dotted = f"{name}.{key}" if key else name
+                    found.append(f"{origin.get(key.split('.')[0], where)}: {dotted}: {problem}")
         return found
 
     def check(self) -> None:

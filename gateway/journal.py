@@ -16,6 +16,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,8 @@ class Journal:
         self._writer: asyncio.Task[None] | None = None
         self._segments: deque[_SpoolSegment] = deque()
         self._segment_counter = 0
+        self._instance = secrets.token_hex(4)
+        self._spool_buffer: list[bytes] = []
         self._closed = False
         self.commit_errors = 0
         self.batches = 0
@@ -98,6 +101,7 @@ class Journal:
     async def close(self) -> None:
         if self._closed:
             return
+        self.sync_spool()
         await self.flush()
         self._closed = True
         if self._writer is not None:
@@ -179,6 +183,7 @@ class Journal:
     async def read(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """Events after `after_seq`, committed or not. The uncommitted tail is captured before the
         first await, so together with a bus subscription taken in the same step nothing is missed."""
+        self.sync_spool()
         snapshot = [e for e in self._pending_by_run.get(host_run_id, ()) if e.seq > after_seq]
         stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
         if limit is not None and len(stored) >= limit:
@@ -246,16 +251,31 @@ class Journal:
     def _open_segment(self) -> None:
         assert self.spool_dir is not None
         self._segment_counter += 1
-        path = self.spool_dir / f"{os.getpid()}-{self._segment_counter}.jsonl"
+        # The random part keeps two journals of one process (or a reused pid) apart.
+        path = self.spool_dir / f"{os.getpid()}-{self._instance}-{self._segment_counter:06d}.jsonl"
         self._segments.append(_SpoolSegment(path))
 
     def _spool(self, event: Event) -> None:
         if not self._segments:
             return
+        if not self._spool_buffer:
+            asyncio.get_running_loop().call_soon(self.sync_spool)
+        self._spool_buffer.append(event.wire_bytes())
+        self._spool_buffer.append(b"\n")
+
+    def sync_spool(self) -> None:
+        """Write buffered spool lines: one `write()` per loop tick, and always before any reader
+        (SSE writer, events page) hands an event to a client."""
+        if not self._spool_buffer or not self._segments:
+            return
         segment = self._segments[-1]
-        line = (event.wire_json() + "\n").encode()
-        os.write(segment.fd, line)
-        segment.size += len(line)
+        blob = b"".join(self._spool_buffer)
+        self._spool_buffer.clear()
+        view = memoryview(blob)
+        while view:
+            written = os.write(segment.fd, view)
+            view = view[written:]
+        segment.size += len(blob)
         segment.last_number = self._appended
         if segment.size >= SPOOL_SEGMENT_BYTES:
             self._open_segment()

@@ -10,6 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import orjson
+
 RUN_SCHEMA = "gateway.run.v1"
 EVENT_SCHEMA = "gateway.run_event.v1"
 
@@ -30,6 +32,18 @@ SESSION_MODES = ("native_live", "loaded", "cold_resumed", "new_session")
 MERGEABLE_KINDS = frozenset({"message.delta", "thought.delta"})
 
 CURSOR_WIDTH = 18
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON. orjson when it can (the event path's hottest call), else json."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # e.g. an int beyond 64 bits
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def dumps_str(text: str) -> str:
+    return orjson.dumps(text).decode()
 
 
 def now_ms() -> int:
@@ -111,13 +125,30 @@ class Event:
     source: str
     payload: dict[str, Any]
     created_at: int = field(default_factory=now_ms)
-    # The wire JSON, serialised once and shared by the spool, every SSE client and JSON pages.
-    wire: str | None = field(default=None, repr=False, compare=False)
+    # Serialised once, shared by the spool, storage, every SSE client and JSON pages.
+    _payload_bytes: bytes | None = field(default=None, repr=False, compare=False)
+    _wire: bytes | None = field(default=None, repr=False, compare=False)
+
+    def payload_bytes(self) -> bytes:
+        if self._payload_bytes is None:
+            self._payload_bytes = dumps(self.payload)
+        return self._payload_bytes
+
+    def payload_json(self) -> str:
+        return self.payload_bytes().decode()
+
+    def wire_bytes(self) -> bytes:
+        """The event's wire JSON (`gateway.run_event.v1`), built around the payload bytes."""
+        if self._wire is None:
+            head = (
+                f'{{"schema":"{EVENT_SCHEMA}","hostRunId":{dumps_str(self.host_run_id)},"seq":"{self.cursor}",'
+                f'"kind":{dumps_str(self.kind)},"source":{dumps_str(self.source)},"payload":'
+            )
+            self._wire = head.encode() + self.payload_bytes() + f',"createdAt":{int(self.created_at)}}}'.encode()
+        return self._wire
 
     def wire_json(self) -> str:
-        if self.wire is None:
-            self.wire = json.dumps(self.to_wire(), ensure_ascii=False, separators=(",", ":"))
-        return self.wire
+        return self.wire_bytes().decode()
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Event:
@@ -148,6 +179,3 @@ class Event:
             "payload": self.payload,
             "createdAt": self.created_at,
         }
-
-    def payload_json(self) -> str:
-        return json.dumps(self.payload, ensure_ascii=False, separators=(",", ":"))

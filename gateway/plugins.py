@@ -66,15 +66,12 @@ class PluginHost:
                 plugin = ep.load()
             except Exception as exc:  # a broken third-party plugin must name itself
                 raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {exc}") from exc
-            pm.register(plugin, name=ep.name)
+            _register(pm, plugin, ep.name)
             dist = getattr(ep, "dist", None)
             host._dists[ep.name] = (dist.name if dist else None, dist.version if dist else None)
         for plugin in extra:
-            pm.register(plugin)
-        try:
-            pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            raise PluginError(f"unknown hook implemented: {exc}") from exc
+            _register(pm, plugin, None)
+        _check_pending(pm)
         if env.get(TRACE_ENV, "") not in ("", "0"):
             host.enable_tracing()
         return host
@@ -90,8 +87,12 @@ class PluginHost:
         self.pm.add_hookcall_monitoring(before, after)
 
     def register(self, plugin: object, name: str | None = None) -> None:
-        self.pm.register(plugin, name=name)
-        self.pm.check_pending()
+        _register(self.pm, plugin, name)
+        try:
+            _check_pending(self.pm)
+        except PluginError:
+            self.pm.unregister(plugin)
+            raise
 
     def plugins(self) -> list[PluginInfo]:
         infos = []
@@ -156,6 +157,25 @@ class PluginHost:
         for result in self.pm.hook.gateway_shutdown(app=app):
             if inspect.isawaitable(result):
                 await result
+
+
+def _register(pm: pluggy.PluginManager, plugin: object, name: str | None) -> None:
+    """Register one plugin; a hook implementation whose arguments the spec does not have is a
+    PluginError naming the plugin. An unnamed object is named after its class (traces, listings)."""
+    if name is None and not hasattr(plugin, "__name__"):
+        name = f"{type(plugin).__name__}@{id(plugin):x}"
+    try:
+        pm.register(plugin, name=name)
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"plugin {name or plugin_module_name(plugin)!r} breaks the hook contract: {exc}") from exc
+
+
+def _check_pending(pm: pluggy.PluginManager) -> None:
+    """Reject implementations of hooks no spec declares (a typo, or a hook of another version)."""
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(f"unknown hook implemented: {exc}") from exc
 
 
 def plugin_module_name(plugin: ModuleType | object) -> str:

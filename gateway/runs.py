@@ -83,6 +83,15 @@ def validate_run_request(body: Any) -> dict[str, Any]:
     return request
 
 
+def _terminal(outcome: TurnOutcome) -> tuple[str, str | None]:
+    """The terminal status and reason for a turn's outcome (an unknown status is a failure)."""
+    status = outcome.status if outcome.status in TERMINAL_KIND_BY_STATUS else "failed"
+    reason = outcome.reason
+    if status != outcome.status:
+        reason = f"runtime returned unknown status {outcome.status!r}: {reason}"
+    return status, reason
+
+
 @dataclass
 class ActiveRun:
     run: Run
@@ -91,6 +100,8 @@ class ActiveRun:
     turn: Turn | None = None
     started: bool = False
     cancel_requested: bool = False
+    turn_recorded: bool = False
+    permissions: dict[str, tuple[asyncio.Future[str | None], list[str]]] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -145,12 +156,12 @@ class RunManager:
             try:
                 existing = await self._db(self.storage.find_run_by_request, *key)
                 if existing is not None:
-                    return self._same_request(existing, request_hash), False
+                    return await self._existing(existing, request_hash), False
                 run = self._new_run(actor_id, request, request_hash, runtime)
                 try:
                     await self._db(self.storage.insert_run, run)
                 except RequestConflict as conflict:  # another process took the key
-                    return self._same_request(conflict.existing, request_hash), False
+                    return await self._existing(conflict.existing, request_hash), False
             finally:
                 if not lock._waiters:  # type: ignore[attr-defined]
                     self._creating.pop(key, None)
@@ -160,6 +171,14 @@ class RunManager:
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
+
+    async def _existing(self, existing: Run, request_hash: str) -> Run:
+        run = self._same_request(existing, request_hash)
+        if run is existing and not run.is_terminal:
+            # The run may have ended since `existing` was read; _finish stores the end before it
+            # leaves _active, so a fresh read has it.
+            run = await self._db(self.storage.get_run, run.host_run_id) or run
+        return run
 
     def _same_request(self, existing: Run, request_hash: str) -> Run:
         if existing.request_hash != request_hash:
@@ -215,6 +234,9 @@ class RunManager:
                 else:
                     active.started = True
                     outcome = await self._run_turn(active)
+                    # Record the turn while the session is still ours, so the session's next run
+                    # (queued, or sent the moment the terminal event arrives) sees it.
+                    await self._record_turn(active, _terminal(outcome)[0])
         except asyncio.CancelledError:
             if self._shutting_down:
                 outcome = TurnOutcome("interrupted", "the gateway stopped while the run was active")
@@ -248,6 +270,14 @@ class RunManager:
                 await self._set_status(run, run.status, session_mode=mode)
             await self.journal.append(run.host_run_id, "session.info.updated", {"sessionMode": mode, **detail})
 
+        async def ask_permission(
+            tool_call: dict[str, Any], options: list[dict[str, Any]], timeout: float | None
+        ) -> str | None:
+            return await self._ask_permission(active, tool_call, options, timeout)
+
+        async def update_receipt(**fields: Any) -> None:
+            await self._set_status(run, run.status, **fields)
+
         turn = Turn(
             run,
             emit,
@@ -256,8 +286,12 @@ class RunManager:
             save_state,
             on_session_mode,
             services=self.services,
+            ask_permission=ask_permission,
+            update_receipt=update_receipt,
         )
         active.turn = turn
+        if active.cancel_requested:  # a cancel that arrived before the turn existed
+            turn.cancel_requested.set()
         strategy = self.strategies.get(run.agent_id) or TranscriptStrategy()
         plan: SessionPlan = await strategy.plan(turn, runtime)
         turn.plan = plan
@@ -273,6 +307,60 @@ class RunManager:
             outcome = TurnOutcome("cancelled", "cancelled", outcome.detail)
         return outcome
 
+    async def _ask_permission(
+        self, active: ActiveRun, tool_call: dict[str, Any], options: list[dict[str, Any]], timeout: float | None
+    ) -> str | None:
+        run = active.run
+        request_id = "perm_" + secrets.token_hex(8)
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        active.permissions[request_id] = (future, [str(o.get("optionId")) for o in options])
+        await self.journal.append(
+            run.host_run_id,
+            "permission.requested",
+            {"requestId": request_id, "toolCall": tool_call, "options": options, "timeoutSeconds": timeout},
+        )
+        await self._set_status(run, "awaiting_permission")
+        by = "client"
+        cancel_wait = asyncio.ensure_future(active.turn.cancel_requested.wait()) if active.turn else None
+        try:
+            waiters = {future} | ({cancel_wait} if cancel_wait else set())
+            done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if future in done:
+                option_id = future.result()
+            else:
+                option_id, by = None, ("cancel" if done else "timeout")
+        finally:
+            if cancel_wait is not None:
+                cancel_wait.cancel()
+            active.permissions.pop(request_id, None)
+        await self.journal.append(
+            run.host_run_id,
+            "permission.resolved",
+            {"requestId": request_id, "outcome": "selected" if option_id else "cancelled", "optionId": option_id,
+             "by": by},
+        )
+        if not run.is_terminal:
+            await self._set_status(run, "running")
+        return option_id
+
+    async def resolve_permission(self, host_run_id: str, actor_id: str, request_id: str, option_id: Any) -> Run:
+        """Answer an open permission request of a run (POST .../permissions/{requestId})."""
+        active = self._active.get(host_run_id)
+        if active is None or active.run.actor_id != actor_id:
+            run = await self.get(host_run_id, actor_id)
+            if run is None:
+                raise ApiError(404, "run_not_found", "no such run")
+            raise ApiError(409, "permission_closed", "the run has no open permission requests")
+        pending = active.permissions.get(request_id)
+        if pending is None:
+            raise ApiError(404, "permission_not_found", f"no open permission request {request_id!r} on this run")
+        future, option_ids = pending
+        if not isinstance(option_id, str) or option_id not in option_ids:
+            raise ApiError(400, "invalid_option", "optionId must be one of the offered options", options=option_ids)
+        if not future.done():
+            future.set_result(option_id)
+        return active.run
+
     async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
         record = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {
             "sessionId": run.session_id,
@@ -283,12 +371,33 @@ class RunManager:
         record["updatedAt"] = now_ms()
         await self._db(self.storage.put_session, run.actor_id, run.session_id, record)
 
+    async def _record_turn(self, active: ActiveRun, status: str) -> None:
+        """Append the turn (user message, assistant final) to the session transcript, once."""
+        run, turn = active.run, active.turn
+        if turn is None or active.turn_recorded:
+            return
+        active.turn_recorded = True
+        entry = {
+            "hostRunId": run.host_run_id,
+            "agentId": run.agent_id,
+            "status": status,
+            "user": turn.message,
+            "assistant": turn.assistant_text,
+            "at": now_ms(),
+        }
+        try:
+            await self._update_session(
+                run,
+                lambda record: record.__setitem__(
+                    "turns", [*(record.get("turns") or []), entry][-TRANSCRIPT_KEEP_TURNS:]
+                ),
+            )
+        except Exception:
+            log.exception("could not record the turn of run %s in its session", run.host_run_id)
+
     async def _finish(self, active: ActiveRun, outcome: TurnOutcome) -> None:
         run = active.run
-        status = outcome.status if outcome.status in TERMINAL_KIND_BY_STATUS else "failed"
-        reason = outcome.reason
-        if status != outcome.status:
-            reason = f"runtime returned unknown status {outcome.status!r}: {reason}"
+        status, reason = _terminal(outcome)
         payload: dict[str, Any] = {"status": status, **outcome.detail}
         if reason:
             payload["reason"] = reason
@@ -298,22 +407,7 @@ class RunManager:
         run.error = reason if status != "completed" else None
         run.updated_at = now_ms()
         try:
-            turn = active.turn
-            if turn is not None:
-                entry = {
-                    "hostRunId": run.host_run_id,
-                    "agentId": run.agent_id,
-                    "status": status,
-                    "user": turn.message,
-                    "assistant": turn.assistant_text,
-                    "at": run.updated_at,
-                }
-                await self._update_session(
-                    run,
-                    lambda record: record.__setitem__(
-                        "turns", [*(record.get("turns") or []), entry][-TRANSCRIPT_KEEP_TURNS:]
-                    ),
-                )
+            await self._record_turn(active, status)  # if the run ended before recording it
             await self.journal.flush()
             await self._db(
                 self.storage.update_run, run.host_run_id, status=status, error=run.error, updated_at=run.updated_at
@@ -402,11 +496,12 @@ class RunManager:
             return None
         if not active.cancel_requested:
             active.cancel_requested = True
-            if not active.started or active.turn is None:
-                if active.task is not None and not active.started:
+            if not active.started:
+                if active.task is not None:
                     active.task.cancel()
             else:
-                active.turn.cancel_requested.set()
+                if active.turn is not None:  # otherwise _run_turn sets it when it makes the turn
+                    active.turn.cancel_requested.set()
                 self._watchdogs.add(asyncio.create_task(self._force_cancel_after_grace(active)))
                 for task in [t for t in self._watchdogs if t.done()]:
                     self._watchdogs.discard(task)
@@ -426,7 +521,9 @@ class RunManager:
     async def shutdown(self) -> None:
         self._shutting_down = True
         tasks = [a.task for a in self._active.values() if a.task is not None]
-        for task in tasks:
-            task.cancel()
+        for active in self._active.values():
+            # A run whose terminal event is appended is only storing its end: let it finish.
+            if active.task is not None and not self.journal.has_terminal(active.run.host_run_id):
+                active.task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -86,6 +86,9 @@ class Turn:
         on_session_mode: Callable[[str, dict[str, Any]], Awaitable[None]],
         services: dict[str, Any] | None = None,
         plan: SessionPlan | None = None,
+        ask_permission: Callable[[dict[str, Any], list[dict[str, Any]], float | None], Awaitable[str | None]]
+        | None = None,
+        update_receipt: Callable[..., Awaitable[None]] | None = None,
     ) -> None:
         self.run = run
         self._emit = emit
@@ -95,6 +98,10 @@ class Turn:
         self.plan = plan or SessionPlan("new_session")
         self._on_session_mode = on_session_mode
         self.services = services or {}
+        self._ask_permission = ask_permission
+        self._update_receipt = update_receipt
+        # Whatever the session strategy prepared for the runtime (e.g. a live agent binding).
+        self.binding: Any = None
         self.cancel_requested = asyncio.Event()
         self._text_parts: list[str] = []
         self.final_text: str | None = None
@@ -129,6 +136,21 @@ class Turn:
     async def set_session_mode(self, mode: str, detail: dict[str, Any] | None = None) -> None:
         """Record how this run found its agent session (on the receipt and as an event)."""
         await self._on_session_mode(mode, detail or {})
+
+    async def request_permission(
+        self, tool_call: dict[str, Any], options: list[dict[str, Any]], timeout: float | None = None
+    ) -> str | None:
+        """Ask the client; returns the chosen optionId, or None when cancelled or timed out.
+        Emits `permission.requested` / `permission.resolved`; the run is `awaiting_permission`
+        meanwhile."""
+        if self._ask_permission is None:
+            return None
+        return await self._ask_permission(tool_call, options, timeout)
+
+    async def set_provider_run_id(self, provider_run_id: str) -> None:
+        """Record the agent's own id for this run (its session id) on the receipt."""
+        if self._update_receipt is not None:
+            await self._update_receipt(provider_run_id=provider_run_id)
 
     async def save_state(self, state: dict[str, Any]) -> None:
         """Persist the runtime's per-session state (e.g. the agent's session id)."""

@@ -7,7 +7,6 @@ writes. A client that falls behind its buffer is switched back to replay from th
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ from aiohttp_sse import EventSourceResponse
 
 from gateway.bus import Bus
 from gateway.journal import Journal
-from gateway.models import Event
+from gateway.models import Event, dumps
 
 REPLAY_PAGE = 2000
 WRITE_BATCH = 256
@@ -24,21 +23,17 @@ SEND_TIMEOUT = 60.0
 
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     for event in events:
         if project is None:
-            data = event.wire_json()
+            data = event.wire_bytes()
         else:
             projected = project(event)
             if projected is None:
                 continue
-            data = projected if isinstance(projected, str) else _dumps(projected)
-        parts.append(f"id: {event.cursor}\nevent: {event.kind}\ndata: {data}\n\n")
-    return "".join(parts).encode()
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            data = projected.encode() if isinstance(projected, str) else dumps(projected)
+        parts.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (event.cursor.encode(), event.kind.encode(), data))
+    return b"".join(parts)
 
 
 class StreamStats:
@@ -103,6 +98,7 @@ async def stream_run(
             if not events:
                 continue
             blob = encode_events(events, project)
+            journal.sync_spool()  # a client never sees an event the spool does not hold
             async with asyncio.timeout(SEND_TIMEOUT):
                 await response.write(blob)
             stats.delivered += len(events)

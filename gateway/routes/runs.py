@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from gateway.builtin import ui_projection
 from gateway.errors import ApiError, read_json
-from gateway.models import Run, format_cursor, parse_cursor
+from gateway.models import Run, dumps, format_cursor, parse_cursor
 from gateway.sse import stream_run
 
 if TYPE_CHECKING:
@@ -74,15 +73,14 @@ class RunRoutes:
         project = self._projection(request)
         events = await self.gw.journal.read(run.host_run_id, after, limit)
         if project is None:
-            items = "[" + ",".join(e.wire_json() for e in events) + "]"
+            items = b"[" + b",".join(e.wire_bytes() for e in events) + b"]"
         else:
-            items = json.dumps([p for p in (project(e) for e in events) if p is not None], ensure_ascii=False)
+            items = dumps([p for p in (project(e) for e in events) if p is not None])
         next_cursor = format_cursor(events[-1].seq if events else after)
         done = bool(events and events[-1].is_terminal)
         head = f'{{"schema":"gateway.run_events.v1","hostRunId":"{run.host_run_id}","events":'
         tail = f',"nextCursor":"{next_cursor}","complete":{"true" if done else "false"}}}'
-        text = head + items + tail
-        return web.Response(text=text, content_type="application/json")
+        return web.Response(body=head.encode() + items + tail.encode(), content_type="application/json")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         run = await self._run(request)
@@ -110,6 +108,15 @@ class RunRoutes:
         response.set_status(200 if run.is_terminal else 202)
         return response
 
+    async def permission(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict) or "optionId" not in body:
+            raise ApiError(400, "invalid_request", 'send {"optionId": "<one of the offered options>"}')
+        run = await self.gw.runs.resolve_permission(
+            request.match_info["host_run_id"], request["actor"], request.match_info["request_id"], body["optionId"]
+        )
+        return _receipt(run)
+
     async def active_run(self, request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
         run = await self.gw.runs.active_run(request["actor"], session_id)
@@ -129,4 +136,5 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     app.router.add_get("/v1/runs/{host_run_id}/events", routes.events)
     app.router.add_get("/v1/runs/{host_run_id}/stream", routes.stream)
     app.router.add_post("/v1/runs/{host_run_id}/cancel", routes.cancel)
+    app.router.add_post("/v1/runs/{host_run_id}/permissions/{request_id}", routes.permission)
     app.router.add_get("/v1/sessions/{session_id}/active-run", routes.active_run)

@@ -1,0 +1,570 @@
+"""A runtime for any ACP agent over stdio, with live session bindings.
+
+Plugins give an :class:`AcpAgentSpec` (command, environment, policy defaults); this module does
+the rest the same way for every agent:
+
+- **Bindings.** A live agent session is bound to (actor, gateway session, agent, profile, model,
+  workspace, allowed-roots hash) and reused turn after turn (`native_live`). A finished or
+  cancelled turn keeps it; a change of any key part closes it; idle bindings are evicted after
+  `idle_seconds`; at most `max_processes` agent processes live at once (least recently used idle
+  binding evicted first).
+- **Session strategy.** Without a live binding: `session/load` of the stored agent session when
+  the agent declares `loadSession`, believed only with replay evidence (`loaded`); otherwise a
+  new session seeded with the bounded cold-resume packet (`cold_resumed`) or `new_session`.
+- **Turns.** Updates are mapped (:func:`map_update`) and journalled in order; the prompt result
+  ends the run; cancel sends `session/cancel` and keeps the binding; an agent that dies fails the
+  run with its exit code and stderr tail, and the next turn starts a new process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.acp.client import (
+    CANCELLED_PERMISSION,
+    AcpError,
+    AcpProcess,
+    AcpProcessExited,
+    AcpRemoteError,
+    AcpRequestError,
+    AcpTimeout,
+)
+from gateway.acp.mapping import extract_text, map_update
+from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
+from gateway.sessions import SHORT_REPLY_WARNING, cold_resume_packet, has_context, is_bare_short_reply
+
+log = logging.getLogger("gateway.acp.runtime")
+
+STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
+ALLOW_KINDS = ("allow_once", "allow_always")
+
+
+@dataclass
+class AcpAgentSpec:
+    """What a plugin says about its agent. Everything else is negotiated or generic."""
+
+    agent_id: str
+    display_name: str
+    provider: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    # Where the agent process runs (its config files live there); None: the workspace root.
+    process_dir: Path | None = None
+    policy: RuntimePolicy = field(default_factory=RuntimePolicy)
+    # Called with the process dir before each process start (write config files, ...).
+    prepare: Callable[[Path], None] | None = None
+    # Replayed user messages starting with one of these are the agent's own context, not history.
+    replay_ignore_prefixes: tuple[str, ...] = ()
+    # Tool kinds (ACP tool_call.kind) whose permission requests are allowed without asking.
+    auto_allow_kinds: tuple[str, ...] = ()
+    permission_timeout: float = 300.0
+    idle_seconds: float = 900.0
+    max_processes: int = 4
+    initialize_timeout: float = 60.0
+    session_timeout: float = 120.0
+    prompt_timeout: float | None = None
+    cancel_grace: float = 10.0
+    mcp_servers: list[dict[str, Any]] = field(default_factory=list)
+    version: str | None = None
+    capabilities: list[str] = field(default_factory=lambda: ["chat", "files"])
+    fields: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BindingKey:
+    actor_id: str
+    session_id: str
+    agent_id: str
+    profile: str
+    model: str
+    workspace_id: str
+    roots_hash: str
+
+    @property
+    def owner(self) -> tuple[str, str, str]:
+        """One binding per (actor, gateway session, agent); the rest must match to reuse it."""
+        return (self.actor_id, self.session_id, self.agent_id)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.__dict__, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Binding:
+    def __init__(self, key: BindingKey, process: AcpProcess, cwd: str) -> None:
+        self.key = key
+        self.process = process
+        self.cwd = cwd
+        self.agent_session_id: str | None = None
+        self.turn: Turn | None = None
+        self.replay: list[dict[str, Any]] | None = None
+        self.busy = False
+        self.last_used = time.monotonic()
+        self.evict_handle: asyncio.TimerHandle | None = None
+        self.config_options: list[dict[str, Any]] = []
+
+    @property
+    def alive(self) -> bool:
+        return not self.process.closed and self.process.returncode is None
+
+
+def roots_hash(roots: list[str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(roots)).encode()).hexdigest()[:16]
+
+
+def binary_available(command: list[str]) -> tuple[bool, str | None]:
+    if not command:
+        return False, None
+    found = (
+        shutil.which(command[0])
+        if os.sep not in command[0]
+        else (command[0] if os.access(command[0], os.X_OK) else None)
+    )
+    return found is not None, found
+
+
+def probe_version(command: list[str], timeout: float = 5.0) -> str | None:
+    """`<binary> --version`, first line; None if it does not answer in time."""
+    import subprocess
+
+    available, path = binary_available(command)
+    if not available or path is None:
+        return None
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    return lines[0].strip() if lines else None
+
+
+class AcpRuntime:
+    """A :class:`gateway.runtime.Runtime` for one ACP agent."""
+
+    def __init__(self, spec: AcpAgentSpec) -> None:
+        self.spec = spec
+        self.agent_id = spec.agent_id
+        self.display_name = spec.display_name
+        self.provider = spec.provider
+        self.policy = spec.policy
+        self._bindings: dict[tuple[str, str, str], Binding] = {}
+        self._start_lock = asyncio.Lock()
+        self.initialize_result: dict[str, Any] | None = None
+
+    # -- descriptor ---------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        available, path = binary_available(self.spec.command)
+        if available and self.spec.version is None:
+            self.spec.version = probe_version(self.spec.command)
+        return {
+            "capabilities": list(self.spec.capabilities),
+            "availability": {
+                "available": available,
+                "binaryFound": available,
+                "binary": path,
+                "command": self.spec.command[:1],
+                "version": self.spec.version,
+                "reason": None if available else f"{self.spec.command[0] if self.spec.command else '?'} not found",
+            },
+            "fields": list(self.spec.fields),
+            "liveBindings": len(self._bindings),
+        }
+
+    def live_bindings(self) -> int:
+        return sum(1 for b in self._bindings.values() if b.alive)
+
+    # -- processes ----------------------------------------------------------------------------
+    def _workspace_dir(self, turn: Turn) -> Path:
+        root = (turn.services.get("workspace_roots") or {}).get(turn.run.workspace_id)
+        if root is not None:
+            return Path(root)
+        data_dir = Path(turn.services.get("data_dir") or ".")
+        path = data_dir / "workspaces" / _safe_name(turn.run.workspace_id)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    async def _spawn(self, key: BindingKey, turn: Turn) -> Binding:
+        cwd = str(self._workspace_dir(turn))
+        process_dir = self.spec.process_dir or Path(cwd)
+        process_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.prepare is not None:
+            self.spec.prepare(process_dir)
+        binding_box: dict[str, Binding] = {}
+        env = {**os.environ, **self.spec.env}
+        process = AcpProcess(
+            self.spec.command,
+            env=env,
+            cwd=str(process_dir),
+            on_update=lambda session_id, update: self._on_update(binding_box["b"], session_id, update),
+            on_permission=lambda params: self._on_permission(binding_box["b"], params),
+            on_read_text_file=lambda params: self._on_read(binding_box["b"], params),
+            on_write_text_file=lambda params: self._on_write(binding_box["b"], params),
+            name=self.agent_id,
+        )
+        binding = Binding(key, process, cwd)
+        binding_box["b"] = binding
+        await self._make_room()
+        try:
+            await process.start()
+            result = await process.initialize(timeout=self.spec.initialize_timeout)
+        except BaseException:
+            await process.close()
+            raise
+        self.initialize_result = result
+        self._negotiate_policy(result, turn.services.get("plugins"))
+        return binding
+
+    def _negotiate_policy(self, result: dict[str, Any], plugins: Any) -> None:
+        """The plugin's defaults, overridden by what the agent declares, then by the hook."""
+        caps = result.get("agentCapabilities") or {}
+        session_caps = caps.get("sessionCapabilities") or {}
+        mcp = caps.get("mcpCapabilities") or {}
+        prompt = caps.get("promptCapabilities") or {}
+        policy = self.policy
+        policy.load_session = bool(caps.get("loadSession", False))
+        policy.replay_on_load = policy.load_session
+        policy.resume_session = "resume" in session_caps
+        policy.fork_session = "fork" in session_caps
+        policy.close_session = "close" in session_caps
+        policy.mcp_http = bool(mcp.get("http", False))
+        policy.mcp_sse = bool(mcp.get("sse", False))
+        policy.prompt_images = bool(prompt.get("image", False))
+        agent_info = result.get("agentInfo") or {}
+        if agent_info.get("version"):
+            self.spec.version = str(agent_info["version"])
+        policy.extra["negotiated"] = True
+        if plugins is not None:
+            plugins.negotiate_runtime_policy(self.agent_id, policy, result)
+
+    async def _make_room(self) -> None:
+        alive = [b for b in self._bindings.values() if b.alive]
+        if len(alive) < self.spec.max_processes:
+            return
+        idle = sorted((b for b in alive if not b.busy), key=lambda b: b.last_used)
+        if not idle:
+            raise RuntimeError(
+                f"{self.agent_id}: all {self.spec.max_processes} agent processes are busy (max_processes)"
+            )
+        await self._close_binding(idle[0], "evicted to make room (max_processes)")
+
+    async def _close_binding(self, binding: Binding, why: str) -> None:
+        if self._bindings.get(binding.key.owner) is binding:
+            del self._bindings[binding.key.owner]
+        if binding.evict_handle is not None:
+            binding.evict_handle.cancel()
+        log.info("closing %s binding %s: %s", self.agent_id, binding.agent_session_id, why)
+        await binding.process.close()
+
+    def _schedule_eviction(self, binding: Binding) -> None:
+        if binding.evict_handle is not None:
+            binding.evict_handle.cancel()
+        loop = asyncio.get_running_loop()
+
+        def evict() -> None:
+            if not binding.busy and self._bindings.get(binding.key.owner) is binding:
+                task = loop.create_task(self._close_binding(binding, f"idle for {self.spec.idle_seconds:g} s"))
+                task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+        binding.evict_handle = loop.call_later(self.spec.idle_seconds, evict)
+
+    # -- session strategy ---------------------------------------------------------------------
+    def binding_key(self, turn: Turn) -> BindingKey:
+        options = turn.options
+        return BindingKey(
+            actor_id=turn.run.actor_id,
+            session_id=turn.run.session_id,
+            agent_id=self.agent_id,
+            profile=str(options.get("profile") or ""),
+            model=str(options.get("model") or ""),
+            workspace_id=turn.run.workspace_id,
+            roots_hash=roots_hash(list(turn.context.get("allowedRoots") or [])),
+        )
+
+    async def bind(self, turn: Turn) -> SessionPlan:
+        """Find the agent session for this turn; the returned plan says how."""
+        key = self.binding_key(turn)
+        async with self._start_lock:
+            binding = self._bindings.get(key.owner)
+            if binding is not None and (binding.key != key or not binding.alive):
+                why = "its agent process died" if not binding.alive else "workspace, roots, model or profile changed"
+                await self._close_binding(binding, why)
+                binding = None
+            if binding is not None:
+                binding.busy = True
+                turn.binding = binding
+                return SessionPlan("native_live", detail={"agentSessionId": binding.agent_session_id})
+            binding = await self._spawn(key, turn)
+            binding.busy = True
+            self._bindings[key.owner] = binding
+        turn.binding = binding
+        try:
+            return await self._attach_session(binding, turn, key)
+        except BaseException:
+            await self._close_binding(binding, "could not open an agent session")
+            raise
+
+    async def _attach_session(self, binding: Binding, turn: Turn, key: BindingKey) -> SessionPlan:
+        stored = turn.state.get("agentSessionId")
+        same_key = turn.state.get("bindingKey") == key.digest()
+        if stored and same_key and self.policy.load_session:
+            replay = await self._try_load(binding, turn, str(stored))
+            if replay is not None:
+                binding.agent_session_id = str(stored)
+                summary = await self._journal_replay(turn, replay)
+                return SessionPlan("loaded", detail={"agentSessionId": stored, "replay": summary})
+        raw = await binding.process.new_session_raw(
+            binding.cwd, self._mcp_servers(turn), timeout=self.spec.session_timeout
+        )
+        binding.agent_session_id = str(raw["sessionId"])
+        binding.config_options = list(raw.get("configOptions") or [])
+        await self._apply_model(binding, key)
+        await turn.save_state({"agentSessionId": binding.agent_session_id, "bindingKey": key.digest()})
+        packet = cold_resume_packet(turn.history)
+        detail: dict[str, Any] = {"agentSessionId": binding.agent_session_id}
+        if stored:
+            detail["previousAgentSessionId"] = stored
+            detail["loadAttempted"] = bool(same_key and self.policy.load_session)
+        if packet:
+            return SessionPlan("cold_resumed", packet, detail=detail)
+        warning = SHORT_REPLY_WARNING if is_bare_short_reply(turn.message) and not has_context(turn.context) else None
+        return SessionPlan("new_session", [], warning, detail)
+
+    async def _try_load(self, binding: Binding, turn: Turn, session_id: str) -> list[dict[str, Any]] | None:
+        """`session/load`; the replayed updates, or None when there is no evidence of continuity."""
+        binding.replay = []
+        try:
+            await binding.process.load_session(
+                session_id, binding.cwd, self._mcp_servers(turn), timeout=self.spec.session_timeout
+            )
+        except AcpRemoteError as exc:
+            log.info("%s could not load session %s: %s", self.agent_id, session_id, exc)
+            return None
+        finally:
+            replay, binding.replay = binding.replay, None
+        has_history = any(u.get("sessionUpdate") in ("user_message_chunk", "agent_message_chunk") for u in replay)
+        return replay if has_history else None
+
+    async def _journal_replay(self, turn: Turn, replay: list[dict[str, Any]]) -> dict[str, int]:
+        """Journal replayed messages the gateway does not already hold, as `adapter_replay`."""
+        messages: list[tuple[str, str]] = []
+        for update in replay:
+            kind = update.get("sessionUpdate")
+            role = {"user_message_chunk": "user", "agent_message_chunk": "assistant"}.get(str(kind))
+            if role is None:
+                continue
+            text = extract_text(update.get("content"))
+            if messages and messages[-1][0] == role:
+                messages[-1] = (role, messages[-1][1] + text)
+            else:
+                messages.append((role, text))
+        known = {t.get("user", "").strip() for t in turn.history} | {
+            t.get("assistant", "").strip() for t in turn.history
+        }
+        journalled = deduplicated = ignored = 0
+        for role, text in messages:
+            if role == "user" and text.lstrip().startswith(self.spec.replay_ignore_prefixes or ("\0",)):
+                ignored += 1
+            elif text.strip() in known:
+                deduplicated += 1
+            else:
+                journalled += 1
+                await turn.emit("replay.message", {"role": role, "text": text}, source="adapter_replay")
+        summary = {
+            "messages": len(messages),
+            "deduplicated": deduplicated,
+            "journalled": journalled,
+            "ignored": ignored,
+            "updates": len(replay),
+        }
+        await turn.emit("session.replayed", summary, source="adapter_replay")
+        return summary
+
+    async def _apply_model(self, binding: Binding, key: BindingKey) -> None:
+        if not key.model:
+            return
+        if any(o.get("id") == "model" for o in binding.config_options):
+            await binding.process.set_config_option(binding.agent_session_id or "", "model", key.model)
+
+    def _mcp_servers(self, turn: Turn) -> list[dict[str, Any]]:
+        servers = list(self.spec.mcp_servers)
+        provider = turn.services.get("mcp_servers_for")
+        if provider is not None:
+            servers.extend(provider(turn, self.policy))
+        return servers
+
+    # -- turns ----------------------------------------------------------------------------------
+    async def run_turn(self, turn: Turn) -> TurnOutcome:
+        binding: Binding | None = turn.binding
+        if binding is None:  # no strategy ran (a plugin replaced it): bind now
+            plan = await self.bind(turn)
+            turn.plan = plan
+            await turn.set_session_mode(plan.mode, plan.detail)
+            binding = turn.binding
+        assert binding is not None and binding.agent_session_id is not None
+        await turn.set_provider_run_id(binding.agent_session_id)
+        binding.turn = turn
+        binding.busy = True
+        session_id = binding.agent_session_id
+        prompt = asyncio.ensure_future(
+            binding.process.prompt(session_id, self.prompt_blocks(turn), timeout=self.spec.prompt_timeout)
+        )
+        cancel = asyncio.ensure_future(turn.cancel_requested.wait())
+        try:
+            done, _ = await asyncio.wait({prompt, cancel}, return_when=asyncio.FIRST_COMPLETED)
+            if prompt not in done:
+                await binding.process.cancel(session_id)
+                try:
+                    async with asyncio.timeout(self.spec.cancel_grace):
+                        await asyncio.shield(prompt)
+                except TimeoutError:
+                    prompt.cancel()
+                    await self._close_binding(binding, f"did not stop within {self.spec.cancel_grace:g} s of cancel")
+                    return TurnOutcome("cancelled", "cancelled; the agent did not stop in time and was closed")
+                except AcpError:
+                    pass
+            outcome = self._outcome(prompt, turn)
+        finally:
+            cancel.cancel()
+            binding.turn = None
+            binding.busy = False
+            binding.last_used = time.monotonic()
+        if isinstance(prompt.exception() if prompt.done() and not prompt.cancelled() else None, AcpProcessExited):
+            await self._close_binding(binding, "agent process exited")
+        elif binding.alive:
+            self._schedule_eviction(binding)
+        if outcome.status == "completed" or turn.assistant_text:
+            await turn.emit("message.completed", {"text": turn.assistant_text})
+        return outcome
+
+    def _outcome(self, prompt: asyncio.Future[dict[str, Any]], turn: Turn) -> TurnOutcome:
+        error = prompt.exception() if not prompt.cancelled() else None
+        if isinstance(error, AcpProcessExited):
+            tail = (error.stderr_tail or "").strip()[-2000:]
+            return TurnOutcome(
+                "failed",
+                f"the agent process exited with code {error.returncode}" + (f"; stderr: {tail}" if tail else ""),
+                {"exitCode": error.returncode},
+            )
+        if isinstance(error, AcpRemoteError):
+            return TurnOutcome(
+                "failed",
+                f"the agent answered error {error.code}: {error.message}",
+                {"agentError": {"code": error.code, "message": error.message, "data": error.data}},
+            )
+        if isinstance(error, AcpTimeout):
+            return TurnOutcome("failed", str(error))
+        if error is not None:
+            return TurnOutcome("failed", f"{type(error).__name__}: {error}")
+        if prompt.cancelled():
+            return TurnOutcome("cancelled", "cancelled")
+        result = prompt.result() or {}
+        stop = str(result.get("stopReason"))
+        detail = {"stopReason": stop}
+        if stop == "cancelled" or (turn.cancel_requested.is_set() and stop in STANDARD_COMPLETIONS):
+            return TurnOutcome("cancelled", "cancelled by the client", detail)
+        if stop in STANDARD_COMPLETIONS:
+            return TurnOutcome("completed", None, detail)
+        if stop == "refusal":
+            return TurnOutcome("failed", "the agent refused the prompt (stopReason refusal)", detail)
+        return TurnOutcome("failed", f"the agent ended the turn with an unknown stopReason {stop!r}", detail)
+
+    def prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
+        parts: list[str] = []
+        packet = turn.plan.packet if turn.plan.mode == "cold_resumed" else []
+        if packet:
+            lines = ["[Earlier turns of this conversation, restored by the gateway]"]
+            for entry in packet:
+                lines.append(f"User: {entry['user']}")
+                if entry.get("assistant"):
+                    lines.append(f"Assistant: {entry['assistant']}")
+            lines.append("[End of earlier turns]")
+            parts.append("\n".join(lines))
+        target = turn.context.get("target") or {}
+        if target.get("path"):
+            parts.append(f"[Current page: {target['path']}]")
+        selection = (target.get("selection") or {}).get("text")
+        if selection:
+            parts.append(f"[Selected text]\n{selection}")
+        parts.append(turn.message)
+        return [{"type": "text", "text": "\n\n".join(parts)}]
+
+    # -- agent → client ------------------------------------------------------------------------
+    async def _on_update(self, binding: Binding, session_id: str, update: dict[str, Any]) -> None:
+        if binding.replay is not None:
+            binding.replay.append(update)
+            return
+        turn = binding.turn
+        if turn is None or session_id != binding.agent_session_id:
+            return  # between turns (e.g. a late available_commands_update): nothing to journal it in
+        kind, payload = map_update(update)
+        await turn.emit(kind, payload)
+
+    async def _on_permission(self, binding: Binding, params: dict[str, Any]) -> dict[str, Any]:
+        turn = binding.turn
+        if turn is None:
+            return CANCELLED_PERMISSION
+        tool_call = dict(params.get("toolCall") or {})
+        options = [dict(o) for o in params.get("options") or []]
+        if tool_call.get("kind") in self.spec.auto_allow_kinds:
+            allow = next((o for o in options if o.get("kind") == "allow_once"), None)
+            if allow is not None:
+                await turn.emit(
+                    "permission.resolved",
+                    {"toolCall": tool_call, "optionId": allow.get("optionId"), "outcome": "selected", "by": "policy"},
+                )
+                return {"outcome": {"outcome": "selected", "optionId": allow.get("optionId")}}
+        option_id = await turn.request_permission(tool_call, options, self.spec.permission_timeout)
+        if option_id is None:
+            return CANCELLED_PERMISSION
+        return {"outcome": {"outcome": "selected", "optionId": option_id}}
+
+    async def _on_read(self, binding: Binding, params: dict[str, Any]) -> dict[str, Any]:
+        files = self._files(binding)
+        try:
+            text = await files.read_text(
+                binding.turn, str(params.get("path", "")), params.get("line"), params.get("limit")
+            )
+        except Exception as exc:
+            raise AcpRequestError(-32002, str(exc)) from exc
+        return {"content": text}
+
+    async def _on_write(self, binding: Binding, params: dict[str, Any]) -> dict[str, Any]:
+        files = self._files(binding)
+        try:
+            await files.write_text(binding.turn, str(params.get("path", "")), str(params.get("content", "")))
+        except Exception as exc:
+            raise AcpRequestError(-32002, str(exc)) from exc
+        return {}
+
+    def _files(self, binding: Binding) -> Any:
+        turn = binding.turn
+        files = turn.services.get("files") if turn is not None else None
+        if files is None:
+            raise AcpRequestError(-32603, "file access is not available outside a run")
+        return files
+
+    async def close(self) -> None:
+        for binding in list(self._bindings.values()):
+            with contextlib.suppress(Exception):
+                await self._close_binding(binding, "gateway shutdown")
+
+
+class AcpSessionStrategy:
+    """The `session_strategy` for ACP runtimes: live binding, then load, then cold resume."""
+
+    async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
+        return await runtime.bind(turn)
+
+
+def _safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:100] or "default"

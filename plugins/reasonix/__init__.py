@@ -1,0 +1,117 @@
+"""Reasonix runtime: `reasonix acp`, an ACP agent over stdio.
+
+Reasonix reads `reasonix.toml` from its process directory. With `provider_base_url` set, the
+plugin runs it in a gateway-owned directory and writes that file there (an OpenAI-compatible
+provider); otherwise it runs in the workspace with whatever configuration the user keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+from gateway.runtime import RuntimePolicy
+from hookspecs import hookimpl
+
+SECTION = "reasonix"
+DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "command": ["reasonix", "acp"],
+    "env": {},
+    # "gateway": run in <data_dir>/runtimes/reasonix (needed for provider_base_url);
+    # "workspace": run in the workspace root, using the user's own reasonix.toml there.
+    "process_dir": "gateway",
+    "provider_base_url": "",
+    "provider_model": "",
+    "provider_api_key_env": "OPENAI_API_KEY",
+    "idle_seconds": 900.0,
+    "max_processes": 4,
+    "permission_timeout_seconds": 300.0,
+    "auto_allow_kinds": [],
+    "mcp_servers": [],
+}
+
+
+def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
+        problems.append(("command", "must be a non-empty list of strings"))
+    if section["process_dir"] not in ("gateway", "workspace"):
+        problems.append(("process_dir", 'must be "gateway" or "workspace"'))
+    if section["provider_base_url"] and section["process_dir"] != "gateway":
+        problems.append(("provider_base_url", 'needs process_dir = "gateway" (the plugin writes reasonix.toml there)'))
+    if section["max_processes"] < 1:
+        problems.append(("max_processes", "must be at least 1"))
+    return problems
+
+
+def _toml_string(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_reasonix_toml(directory: Path, base_url: str, model: str, api_key_env: str) -> None:
+    text = (
+        "# Written by agent-gateway from its [reasonix] section; edits are overwritten.\n"
+        'default_model = "gateway"\n\n'
+        "[[providers]]\n"
+        'name = "gateway"\n'
+        'kind = "openai"\n'
+        f"base_url = {_toml_string(base_url)}\n"
+        f"model = {_toml_string(model or 'default')}\n"
+        f"api_key_env = {_toml_string(api_key_env)}\n"
+    )
+    (directory / "reasonix.toml").write_text(text, encoding="utf-8")
+
+
+@hookimpl
+def config_sections(register: Callable[..., None]) -> None:
+    register(SECTION, DEFAULTS, _validate, "Reasonix over ACP (`reasonix acp`).")
+
+
+@hookimpl
+def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
+    section = config.section(SECTION)
+    if not section["enabled"]:
+        return
+    process_dir = config.data_dir / "runtimes" / "reasonix" if section["process_dir"] == "gateway" else None
+    prepare = None
+    env = {k: str(v) for k, v in section["env"].items()}
+    if section["provider_base_url"]:
+        env.setdefault(section["provider_api_key_env"], env.get(section["provider_api_key_env"], "unused"))
+
+        def prepare(directory: Path) -> None:
+            write_reasonix_toml(
+                directory, section["provider_base_url"], section["provider_model"], section["provider_api_key_env"]
+            )
+
+    spec = AcpAgentSpec(
+        agent_id="reasonix",
+        display_name="Reasonix",
+        provider="reasonix",
+        command=list(section["command"]),
+        env={"REASONIX_TELEMETRY": "off", **env},
+        process_dir=process_dir,
+        policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
+        prepare=prepare,
+        # Reasonix replays its own host-generated context snapshot as a user message.
+        replay_ignore_prefixes=("<session-context",),
+        auto_allow_kinds=tuple(section["auto_allow_kinds"]),
+        permission_timeout=float(section["permission_timeout_seconds"]),
+        idle_seconds=float(section["idle_seconds"]),
+        max_processes=int(section["max_processes"]),
+        mcp_servers=list(section["mcp_servers"]),
+        fields=[
+            {"key": "model", "label": "Model", "kind": "string", "default": section["provider_model"]},
+            {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
+        ],
+    )
+    register(AcpRuntime(spec))
+
+
+@hookimpl
+def session_strategy(runtime: Any, config: Any) -> Any:
+    if isinstance(runtime, AcpRuntime) and runtime.agent_id == "reasonix":
+        return AcpSessionStrategy()
+    return None

@@ -1,0 +1,641 @@
+"""One test per hook of the `agent_gateway` contract (hookspecs/), through the PluginHost facade,
+asserting what a user of the gateway would see; plus the facade's own rules: unknown hooks are
+rejected at load, AGENT_GATEWAY_LOAD_PLUGINS restricts entry points, AGENT_GATEWAY_TRACE_HOOKS
+traces calls, and the built-in defaults are trylast so any plugin can override them.
+
+The core does not call the tool hooks (`register_tools`, `tool_call_veto`, `tool_call_completed`)
+nor `negotiate_runtime_policy` yet; those are tested through the facade methods the core will use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from click.testing import CliRunner
+from conftest import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
+
+import gateway.builtin
+import gateway.cli
+import plugins.journal_peewee
+from gateway.app import create_app
+from gateway.cli import cli
+from gateway.config import Config, section_specs_from_hook
+from gateway.plugins import LOAD_ENV, TRACE_ENV, PluginError, PluginHost
+from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
+from hookspecs import PROJECT_NAME, SPEC_MODULES, hookimpl
+from plugins.journal_peewee import PeeweeStorage
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILTIN_NAMES = {"core", "journal_peewee", "chat_only"}
+
+
+def all_hook_names() -> set[str]:
+    return {
+        name
+        for module in SPEC_MODULES
+        for name, value in vars(module).items()
+        if callable(value) and hasattr(value, f"{PROJECT_NAME}_spec")
+    }
+
+
+class EchoRuntime:
+    """A tiny runtime: replies `echo:<message>` in two deltas."""
+
+    display_name = "Echo (test)"
+    provider = "test"
+
+    def __init__(self, agent_id: str = "hook-echo", label: str = "") -> None:
+        self.agent_id = agent_id
+        self.label = label
+        self.policy = RuntimePolicy(context_carrier="transcript_rebuild")
+        self.turns: list[Turn] = []
+        self.closed = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"capabilities": ["chat"], "label": self.label}
+
+    async def run_turn(self, turn: Turn) -> TurnOutcome:
+        self.turns.append(turn)
+        await turn.emit("message.delta", {"text": "echo:"})
+        await turn.emit("message.delta", {"text": turn.message})
+        await turn.emit("message.completed", {"text": f"echo:{turn.message}"})
+        return TurnOutcome("completed")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class RuntimePlugin:
+    def __init__(self, runtime: EchoRuntime | None = None) -> None:
+        self.runtime = runtime or EchoRuntime()
+
+    @hookimpl
+    def register_runtimes(self, register: Callable[[Any], None], config: Any) -> None:
+        register(self.runtime)
+
+
+def config_with(tmp_path: Path, **sections: dict[str, Any]) -> Config:
+    return Config.load(None, env={}, overrides={"gateway": {"data_dir": str(tmp_path / "data")}, **sections})
+
+
+# -- the hooks, one test each ------------------------------------------------------------------------
+
+
+async def test_register_runtimes_agent_is_listed_and_runs_a_turn(make_gateway: Any) -> None:
+    plugin = RuntimePlugin()
+    client = await make_gateway(extra_plugins=(plugin,))
+    response = await client.get("/v1/agents")
+    agents = {a["agentId"]: a for a in (await response.json())["agents"]}
+    assert agents["hook-echo"]["displayName"] == "Echo (test)"
+    assert agents["hook-echo"]["policy"]["contextCarrier"] == "transcript_rebuild"
+    assert "chat-only" in agents  # the built-in runtimes are still there
+
+    receipt, events = await run_to_end(client, run_body("hi", agentId="hook-echo"))
+    assert receipt["provider"] == "test"
+    text = "".join(e["data"]["payload"]["text"] for e in events if e["event"] == "message.delta")
+    assert text == "echo:hi"
+    assert events[-1]["event"] == "run.completed"
+
+
+async def test_register_runtimes_duplicate_agent_id_is_a_startup_error(tmp_path: Path) -> None:
+    host = PluginHost.load(env={}, extra=(RuntimePlugin(EchoRuntime("chat-only")),))
+    with pytest.raises(PluginError, match="'chat-only' registered twice"):
+        create_app(config_with(tmp_path), host)
+
+
+def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> None:
+    """Not called by the core yet (no ACP runtime is wired); tested through the facade."""
+    calls: list[str] = []
+
+    class FromInitialize:
+        @hookimpl
+        def negotiate_runtime_policy(self, agent_id: str, policy: RuntimePolicy, initialize_result: dict) -> None:
+            calls.append("init")
+            caps = initialize_result.get("agentCapabilities", {})
+            policy.load_session = bool(caps.get("loadSession"))
+            policy.resume_session = "resume" in caps.get("sessionCapabilities", {})
+
+    class SiteRule:
+        @hookimpl
+        def negotiate_runtime_policy(self, agent_id: str, policy: RuntimePolicy, initialize_result: dict) -> None:
+            calls.append("site")
+            if agent_id == "hermes":
+                policy.extra["promptQueue"] = "agent"
+
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(FromInitialize(), SiteRule()))
+    policy = RuntimePolicy()
+    answer = {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {"resume": {}, "list": {}}}}
+    assert host.negotiate_runtime_policy("hermes", policy, answer) is None
+    assert sorted(calls) == ["init", "site"]  # not firstresult: all are called
+    assert policy.load_session and policy.resume_session
+    assert policy.to_wire()["promptQueue"] == "agent"
+
+
+class FixedStrategy:
+    def __init__(self, mode: str = "native_live") -> None:
+        self.mode = mode
+        self.planned: list[str] = []
+
+    async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
+        self.planned.append(turn.run.host_run_id)
+        return SessionPlan(self.mode, detail={"strategy": "fixed"})
+
+
+class StrategyPlugin:
+    def __init__(self, strategy: FixedStrategy, agent_id: str = "hook-echo") -> None:
+        self.strategy = strategy
+        self.agent_id = agent_id
+
+    @hookimpl
+    def session_strategy(self, runtime: Any, config: Any) -> Any:
+        return self.strategy if runtime.agent_id == self.agent_id else None
+
+
+async def test_session_strategy_decides_the_runs_session_mode(make_gateway: Any) -> None:
+    strategy = FixedStrategy("native_live")
+    client = await make_gateway(extra_plugins=(RuntimePlugin(), StrategyPlugin(strategy)))
+    receipt, events = await run_to_end(client, run_body("hi", agentId="hook-echo"))
+    assert strategy.planned == [receipt["hostRunId"]]
+    info = [e["data"]["payload"] for e in events if e["event"] == "session.info.updated"]
+    assert info == [{"sessionMode": "native_live", "strategy": "fixed"}]
+    final = await (await client.get(f"/v1/runs/{receipt['hostRunId']}")).json()
+    assert final["sessionMode"] == "native_live"
+
+    # The built-in default still serves the runtimes the plugin declines (chat-only: new session).
+    receipt, _ = await run_to_end(client, run_body("hello"))
+    final = await (await client.get(f"/v1/runs/{receipt['hostRunId']}")).json()
+    assert final["sessionMode"] == "new_session"
+
+
+def test_builtin_session_strategy_is_trylast_so_any_plugin_overrides_it() -> None:
+    """The plugin is registered *before* the core here: without trylast, pluggy would call the
+    core (registered later) first and its default would win."""
+    strategy = FixedStrategy()
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(StrategyPlugin(strategy), gateway.builtin))
+    assert host.session_strategy(EchoRuntime(), None) is strategy
+    default = host.session_strategy(EchoRuntime("other"), None)
+    assert type(default).__name__ == "TranscriptStrategy"
+
+
+async def test_session_strategy_of_a_later_plugin_wins_over_the_builtin(make_gateway: Any) -> None:
+    """chat-only has its own strategy and the core a trylast default; a third-party plugin wins."""
+    strategy = FixedStrategy("loaded")
+    client = await make_gateway(extra_plugins=(StrategyPlugin(strategy, agent_id="chat-only"),))
+    receipt, _ = await run_to_end(client, run_body("hi"))
+    assert strategy.planned == [receipt["hostRunId"]]
+    final = await (await client.get(f"/v1/runs/{receipt['hostRunId']}")).json()
+    assert final["sessionMode"] == "loaded"
+
+
+class Tool:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+        self.capabilities = ("workspace.read",)
+
+    async def handler(self, call: Any) -> dict[str, Any]:
+        return {"ok": True}
+
+
+def test_register_tools_collects_every_plugins_tools() -> None:
+    """The tool facade is not wired into the core yet; tested through the facade."""
+
+    class Workspace:
+        @hookimpl
+        def register_tools(self, register: Callable[[Any], None], config: Any) -> None:
+            register(Tool("workspace.read_file"))
+            register(Tool("workspace.patch_file"))
+
+    class Knowledge:
+        @hookimpl
+        def register_tools(self, register: Callable[[Any], None], config: Any) -> None:
+            if config["knowledge"]:
+                register(Tool("knowledge_rag.query"))
+
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(Workspace(), Knowledge()))
+    names = sorted(t.name for t in host.tools({"knowledge": True}))
+    assert names == ["knowledge_rag.query", "workspace.patch_file", "workspace.read_file"]
+    assert sorted(t.name for t in host.tools({"knowledge": False})) == ["workspace.patch_file", "workspace.read_file"]
+
+
+def test_tool_call_veto_first_reason_wins() -> None:
+    """Not called by the core yet (no tool facade); tested through the facade."""
+    asked: list[str] = []
+
+    class Allow:
+        @hookimpl
+        def tool_call_veto(self, call: Any) -> str | None:
+            asked.append("allow")
+            return None
+
+    class NoWritesOnFriday:
+        @hookimpl
+        def tool_call_veto(self, call: Any) -> str | None:
+            asked.append("friday")
+            return "no writes on Friday" if call["tool"].endswith("patch_file") else None
+
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(Allow(), NoWritesOnFriday()))
+    assert host.tool_call_veto({"tool": "workspace.read_file"}) is None
+    assert sorted(asked) == ["allow", "friday"]  # nobody vetoed: all were asked
+    asked.clear()
+    assert host.tool_call_veto({"tool": "workspace.patch_file"}) == "no writes on Friday"
+    assert asked == ["friday"]  # firstresult: the first reason stops the call
+
+
+def test_tool_call_completed_every_observer_sees_the_receipt() -> None:
+    """Not called by the core yet (no tool facade); tested through the facade."""
+    seen: list[tuple[str, str, bool]] = []
+
+    class Audit:
+        @hookimpl
+        def tool_call_completed(self, call: Any, receipt: dict[str, Any]) -> None:
+            seen.append(("audit", call["tool"], receipt["allowed"]))
+
+    class Metrics:
+        @hookimpl
+        def tool_call_completed(self, call: Any, receipt: dict[str, Any]) -> None:
+            seen.append(("metrics", call["tool"], receipt["allowed"]))
+
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(Audit(), Metrics()))
+    host.tool_call_completed({"tool": "workspace.patch_file"}, {"allowed": False, "reason": "vetoed"})
+    assert sorted(seen) == [("audit", "workspace.patch_file", False), ("metrics", "workspace.patch_file", False)]
+
+
+class CountingStorage(PeeweeStorage):
+    """The peewee journal, counting what it is asked to write."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.appended = 0
+
+    def append_events(self, events: Any) -> None:
+        self.appended += len(events)
+        super().append_events(events)
+
+
+class StoragePlugin:
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+
+    @hookimpl
+    def storage_backend(self, url: str, config: Any) -> Any:
+        self.urls.append(url)
+        return CountingStorage(url) if url.startswith("sqlite:") else None
+
+
+async def test_storage_backend_plugin_overrides_the_trylast_default(make_gateway: Any) -> None:
+    plugin = StoragePlugin()
+    client = await make_gateway(extra_plugins=(plugin,))
+    storage = gateway_of(client).storage
+    assert isinstance(storage, CountingStorage)
+    assert plugin.urls == [gateway_of(client).config.storage_url]
+    assert plugin.urls[0].startswith("sqlite:///") and plugin.urls[0].endswith("gateway.db")
+    receipt, events = await run_to_end(client, run_body("stored by a plugin"))
+    await gateway_of(client).runs.wait(receipt["hostRunId"])
+    assert len(await events_page(client, receipt["hostRunId"])) == len(events)
+    assert storage.appended >= len(events)
+
+
+def test_builtin_storage_is_trylast_and_unknown_schemes_are_a_clear_error(tmp_path: Path) -> None:
+    plugin = StoragePlugin()
+    # The plugin registered before the built-in journal still wins: the journal is trylast.
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(plugin, plugins.journal_peewee))
+    assert isinstance(host.storage_backend(f"sqlite:///{tmp_path}/x.db", None), CountingStorage)
+    # A scheme nobody handles.
+    host = PluginHost.load(env={}, extra=())
+    config = config_with(tmp_path, storage={"url": "mongodb://db/x"})
+    with pytest.raises(PluginError, match="no storage plugin handles 'mongodb://db/x'"):
+        create_app(config, host)
+
+
+class ShoutProjection:
+    @hookimpl
+    def register_projections(self, register: Callable[[str, Callable[[Any], Any]], None]) -> None:
+        def shout(event: Any) -> dict[str, Any] | None:
+            if event.kind == "message.delta":
+                return {"seq": event.seq, "text": event.payload["text"].upper()}
+            if event.is_terminal:
+                return {"seq": event.seq, "done": event.kind}
+            return None  # hidden from this projection
+
+        register("shout", shout)
+
+
+async def test_register_projections_selectable_on_events_and_stream(make_gateway: Any, fake_llm: Any) -> None:
+    client = await make_gateway(extra_plugins=(ShoutProjection(),))
+    receipt, events = await run_to_end(client, run_body("quiet words"))
+    run_id = receipt["hostRunId"]
+
+    page = await (await client.get(f"/v1/runs/{run_id}/events", params={"projection": "shout"})).json()
+    assert "".join(item.get("text", "") for item in page["events"]) == "ECHO: QUIET WORDS"
+    assert page["events"][-1] == {"seq": int(events[-1]["id"]), "done": "run.completed"}
+    assert page["complete"] is True
+
+    async with client.get(f"/v1/runs/{run_id}/stream", params={"projection": "shout"}) as response:
+        streamed = [e["data"] async for e in sse_events(response)]
+    assert streamed == page["events"]
+
+    # The built-in projections are still there, and an unknown one is a 400 naming the known ones.
+    assert (await client.get(f"/v1/runs/{run_id}/events", params={"projection": "openai"})).status == 200
+    response = await client.get(f"/v1/runs/{run_id}/events", params={"projection": "nope"})
+    assert response.status == 400
+    assert {"openai", "shout", "ui"} <= set((await response.json())["error"]["known"])
+
+
+async def test_register_projections_a_plugin_may_replace_a_builtin_projection(make_gateway: Any) -> None:
+    class PlainOpenAI:
+        @hookimpl
+        def register_projections(self, register: Callable[[str, Callable[[Any], Any]], None]) -> None:
+            register("openai", lambda event: {"kind": event.kind})
+
+    client = await make_gateway(extra_plugins=(PlainOpenAI(),))
+    receipt, events = await run_to_end(client, run_body("x"))
+    page = await (await client.get(f"/v1/runs/{receipt['hostRunId']}/events?projection=openai")).json()
+    assert [item["kind"] for item in page["events"]] == [e["event"] for e in events]
+
+
+class SectionPlugin:
+    """Declares `[hooktest]` and reads it when registering its runtime."""
+
+    @hookimpl
+    def config_sections(self, register: Callable[..., None]) -> None:
+        def validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+            return [("level", "must be 1..10")] if not 1 <= section["level"] <= 10 else []
+
+        register("hooktest", {"level": 3, "label": "plain"}, validate, doc="A test section.")
+
+    @hookimpl
+    def register_runtimes(self, register: Callable[[Any], None], config: Any) -> None:
+        section = config.section("hooktest")
+        register(EchoRuntime(label=f"{section['label']}:{section['level']}"))
+
+
+async def test_config_sections_defaults_values_and_problems(make_gateway: Any, tmp_path: Path) -> None:
+    # Defaults visible to the plugin (and through it, to clients).
+    client = await make_gateway(extra_plugins=(SectionPlugin(),))
+    agents = {a["agentId"]: a for a in (await (await client.get("/v1/agents")).json())["agents"]}
+    assert agents["hook-echo"]["label"] == "plain:3"
+    assert gateway_of(client).config.section("hooktest") == {"level": 3, "label": "plain"}
+
+    # Values from the file and the environment.
+    host = PluginHost.load(env={}, extra=(SectionPlugin(),))
+    path = tmp_path / "gw.toml"
+    path.write_text('[hooktest]\nlevel = 7\nlabel = "file"\n')
+    config = Config.load(
+        path, section_specs_from_hook(host.config_sections()), env={"AGENT_GATEWAY__HOOKTEST__LABEL": "env"}
+    )
+    assert config.section("hooktest") == {"level": 7, "label": "env"}
+    assert config.problems() == []
+    assert config.specs["hooktest"].doc == "A test section."
+
+    # Its problems, in the one format, from `config.problems()` and `agent-gateway config check`.
+    path.write_text('[hooktest]\nlevel = 99\ncolour = "red"\n')
+    config = Config.load(path, section_specs_from_hook(host.config_sections()), env={})
+    assert config.problems() == [f"{path}: hooktest.colour: unknown key", f"{path}: hooktest.level: must be 1..10"]
+
+
+def test_config_sections_problems_reported_by_config_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in [n for n in os.environ if n.startswith("AGENT_GATEWAY")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(gateway.cli.PluginHost, "load", classmethod(lambda cls: _load_with(SectionPlugin())))
+    path = tmp_path / "gw.toml"
+    path.write_text("[hooktest]\nlevel = 0\nlabel = 5\n")
+    result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [
+        f"{path}: hooktest.label: expected str, got int",
+        f"{path}: hooktest.level: must be 1..10",
+    ]
+    path.write_text('[hooktest]\nlevel = 5\nlabel = "fine"\n')
+    result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)])
+    assert (result.exit_code, result.output) == (0, f"{path}: ok\n")
+
+
+_real_load = PluginHost.load
+
+
+def _load_with(*extra: object) -> PluginHost:
+    return _real_load(env={}, extra=extra)
+
+
+class CommandPlugin:
+    @hookimpl
+    def register_commands(self, cli: click.Group) -> None:
+        @cli.command("hello-hook")
+        @click.option("--name", default="world")
+        def hello(name: str) -> None:
+            """Say hello from a plugin."""
+            click.echo(f"hello {name} from a plugin command")
+
+
+def test_register_commands_adds_a_runnable_command(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    monkeypatch.setattr(cli, "commands", dict(cli.commands))  # keep the shared group clean
+    host = PluginHost.load(env={}, extra=(CommandPlugin(),))
+    host.register_commands(cli)
+    assert "hello-hook" in cli.commands
+    result = CliRunner().invoke(cli, ["hello-hook", "--name", "tester"])
+    assert (result.exit_code, result.output) == (0, "hello tester from a plugin command\n")
+    assert "hello-hook" in CliRunner().invoke(cli, ["--help"]).output
+
+    # The real launcher entry (`main`) registers plugin commands before parsing the command line.
+    monkeypatch.setattr(cli, "commands", dict(cli.commands))
+    cli.commands.pop("hello-hook")
+    monkeypatch.setattr(gateway.cli.PluginHost, "load", classmethod(lambda cls: _load_with(CommandPlugin())))
+    monkeypatch.setattr("sys.argv", ["agent-gateway", "hello-hook"])
+    with pytest.raises(SystemExit) as exit_info:
+        gateway.cli.main()
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == "hello world from a plugin command\n"
+
+
+class LifecyclePlugin:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.apps: list[Any] = []
+
+    @hookimpl
+    def gateway_startup(self, app: Any) -> Any:
+        self.apps.append(app)
+
+        async def start() -> None:
+            await asyncio.sleep(0)
+            self.events.append("started")  # only if the core awaited the coroutine
+
+        return start()
+
+    @hookimpl
+    def gateway_shutdown(self, app: Any) -> Any:
+        async def stop() -> None:
+            await asyncio.sleep(0)
+            self.events.append("stopped")
+
+        return stop()
+
+
+class SyncLifecyclePlugin:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    @hookimpl
+    def gateway_startup(self, app: Any) -> None:
+        self.events.append("started")
+
+    @hookimpl
+    def gateway_shutdown(self, app: Any) -> None:
+        self.events.append("stopped")
+
+
+async def test_gateway_startup_and_shutdown_are_awaited(tmp_path: Path) -> None:
+    awaited, plain = LifecyclePlugin(), SyncLifecyclePlugin()
+    host = PluginHost.load(env={}, extra=(awaited, plain))
+    app = create_app(config_with(tmp_path), host)
+    assert awaited.events == [] and plain.events == []
+    async with TestClient(TestServer(app)) as client:
+        assert awaited.events == ["started"] and plain.events == ["started"]
+        assert awaited.apps == [app]
+        assert (await client.get("/v1/health")).status == 200
+    assert awaited.events == ["started", "stopped"]
+    assert plain.events == ["started", "stopped"]
+
+
+async def test_gateway_shutdown_runs_after_runtimes_closed(tmp_path: Path) -> None:
+    runtime = EchoRuntime()
+    seen: list[bool] = []
+
+    class Observer:
+        @hookimpl
+        def gateway_shutdown(self, app: Any) -> None:
+            seen.append(runtime.closed)
+
+    host = PluginHost.load(env={}, extra=(RuntimePlugin(runtime), Observer()))
+    async with TestClient(TestServer(create_app(config_with(tmp_path), host))) as client:
+        created = await client.post("/v1/runs", json=run_body("x", agentId="hook-echo"))
+        events = await read_stream(client, (await created.json())["hostRunId"])
+        assert events[-1]["event"] == "run.completed"
+    assert seen == [True]
+
+
+# -- the facade's rules --------------------------------------------------------------------------------
+
+
+def test_unknown_hook_is_rejected_at_load() -> None:
+    class Typo:
+        @hookimpl
+        def register_runtime(self, register: Any, config: Any) -> None:  # missing "s"
+            pass
+
+    with pytest.raises(PluginError, match=r"unknown hook implemented: .*register_runtime"):
+        PluginHost.load(env={}, extra=(Typo(),))
+    host = PluginHost.load(env={LOAD_ENV: ""})
+    with pytest.raises(PluginError, match="register_runtime"):
+        host.register(Typo(), name="typo")
+    assert host.pm.get_plugin("typo") is None  # not left half-registered
+
+
+def test_hook_with_an_argument_the_spec_lacks_is_rejected_at_load() -> None:
+    class WrongArgs:
+        @hookimpl
+        def storage_backend(self, url: str, config: Any, pool_size: int) -> Any:
+            return None
+
+    with pytest.raises(PluginError, match=r"(?s)'WrongArgs@\w+' breaks the hook contract: .*pool_size"):
+        PluginHost.load(env={}, extra=(WrongArgs(),))
+
+
+def test_load_plugins_env_restricts_entry_points() -> None:
+    names = lambda host: {info.name for info in host.plugins()}  # noqa: E731
+    assert BUILTIN_NAMES <= names(PluginHost.load(env={}))
+    assert names(PluginHost.load(env={LOAD_ENV: "core"})) == {"core"}
+    assert names(PluginHost.load(env={LOAD_ENV: " core , chat_only ,"})) == {"core", "chat_only"}
+    assert names(PluginHost.load(env={LOAD_ENV: ""})) == set()
+    # In-process plugins are not entry points: the switch does not drop them.
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(RuntimePlugin(),))
+    assert [info.hooks for info in host.plugins()] == [("register_runtimes",)]
+
+
+def test_plugins_lists_distribution_and_hooks() -> None:
+    infos = {info.name: info for info in PluginHost.load(env={}, extra=(CommandPlugin(),)).plugins()}
+    assert infos["core"].distribution == "agent-gateway"
+    assert infos["core"].hooks == ("register_projections", "session_strategy")
+    assert infos["journal_peewee"].hooks == ("storage_backend",)
+    assert infos["chat_only"].hooks == ("config_sections", "register_runtimes", "session_strategy")
+    [extra] = [i for i in infos.values() if i.hooks == ("register_commands",)]
+    assert extra.distribution is None
+
+
+def test_trace_hooks_env_prints_every_call_to_stderr(capsys: Any, tmp_path: Path) -> None:
+    host = PluginHost.load(env={TRACE_ENV: "1", LOAD_ENV: "core"}, extra=(RuntimePlugin(),))
+    runtimes = host.runtimes(config_with(tmp_path))
+    assert [r.agent_id for r in runtimes] == ["hook-echo"]
+    host.session_strategy(runtimes[0], None)
+    err = capsys.readouterr().err
+    assert re.search(r"^\[hook\] register_runtimes\(register, config\) -> RuntimePlugin@\w+$", err, re.M), err
+    assert "[hook] register_runtimes returned []" in err
+    assert re.search(r"^\[hook\] session_strategy\(runtime, config\) -> core$", err, re.M), err
+    assert "[hook] session_strategy returned <gateway.sessions.TranscriptStrategy" in err
+
+    quiet = PluginHost.load(env={TRACE_ENV: "0", LOAD_ENV: "core"}, extra=(RuntimePlugin(),))
+    quiet.runtimes(config_with(tmp_path))
+    assert capsys.readouterr().err == ""
+
+
+def test_builtin_defaults_are_trylast() -> None:
+    """Every default a third party must be able to replace is marked trylast."""
+    host = PluginHost.load(env={LOAD_ENV: "core,journal_peewee"})
+    for hook_name, plugin_name in [
+        ("session_strategy", "core"),
+        ("register_projections", "core"),
+        ("storage_backend", "journal_peewee"),
+    ]:
+        [impl] = [i for i in getattr(host.pm.hook, hook_name).get_hookimpls() if i.plugin_name == plugin_name]
+        assert impl.trylast, f"{plugin_name}.{hook_name} must be trylast"
+
+
+# -- the contract stays documented and tested -------------------------------------------------------
+
+
+HOOKS_TESTED = {
+    "register_runtimes": test_register_runtimes_agent_is_listed_and_runs_a_turn,
+    "negotiate_runtime_policy": test_negotiate_runtime_policy_every_implementation_adjusts_the_policy,
+    "session_strategy": test_session_strategy_decides_the_runs_session_mode,
+    "register_tools": test_register_tools_collects_every_plugins_tools,
+    "tool_call_veto": test_tool_call_veto_first_reason_wins,
+    "tool_call_completed": test_tool_call_completed_every_observer_sees_the_receipt,
+    "storage_backend": test_storage_backend_plugin_overrides_the_trylast_default,
+    "register_projections": test_register_projections_selectable_on_events_and_stream,
+    "config_sections": test_config_sections_defaults_values_and_problems,
+    "register_commands": test_register_commands_adds_a_runnable_command,
+    "gateway_startup": test_gateway_startup_and_shutdown_are_awaited,
+    "gateway_shutdown": test_gateway_startup_and_shutdown_are_awaited,
+}
+
+
+def test_every_hook_has_a_test_and_a_docstring() -> None:
+    assert set(HOOKS_TESTED) == all_hook_names()
+    for module in SPEC_MODULES:
+        for name in all_hook_names() & set(vars(module)):
+            assert (getattr(module, name).__doc__ or "").strip(), f"{name} has no docstring"
+
+
+def test_docs_hooks_has_one_entry_per_hook_with_its_signature() -> None:
+    """docs/hooks.md is written by hand from the hookspecs; keep them in sync."""
+    doc = (ROOT / "docs" / "hooks.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^### `(\w+)", doc, re.M)
+    assert sorted(headings) == sorted(all_hook_names())
+    for module in SPEC_MODULES:
+        for name in all_hook_names() & set(vars(module)):
+            spec = getattr(module, name)
+            params = ", ".join(inspect.signature(spec).parameters)
+            assert f"### `{name}({params})`" in doc, f"docs/hooks.md: {name}({params}) heading"
+            firstresult = getattr(spec, f"{PROJECT_NAME}_spec").get("firstresult", False)
+            section = doc.split(f"### `{name}(", 1)[1].split("\n### ", 1)[0]
+            assert f"firstresult: {'yes' if firstresult else 'no'}" in section, f"docs/hooks.md: {name} firstresult"
