@@ -16,15 +16,16 @@ from gateway.config import Config, section_specs_from_hook
 from gateway.errors import ApiError, json_errors
 from gateway.journal import Journal
 from gateway.plugins import PluginError, PluginHost
-from gateway.routes import agents, runs, system
+from gateway.routes import agents, metrics, receipts, runs, system
 from gateway.runs import RunManager
 from gateway.runtime import Runtime
 from gateway.sse import StreamStats
+from gateway.tools import ToolFacade
 
 log = logging.getLogger("gateway.app")
 
 LOCAL_ACTOR = "local"
-PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", "/metrics"})
 
 
 class Gateway:
@@ -63,6 +64,14 @@ class Gateway:
             if strategy is not None:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()
+        self.tools = ToolFacade(
+            plugins.tools(config),
+            plugins,
+            storage,
+            self.executor,
+            self.journal,
+            workspace_roots=config.workspace_roots,
+        )
         self.stream_stats = StreamStats()
         # What runtimes may use through `turn.services` (no runtime imports the app).
         self.services: dict[str, Any] = {
@@ -71,6 +80,7 @@ class Gateway:
             "gateway": self,
             "data_dir": self.data_dir,
             "workspace_roots": config.workspace_roots,
+            "tools": self.tools,
         }
         self.runs = RunManager(
             storage,
@@ -153,6 +163,8 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     runs.setup(app, gateway)
     agents.setup(app, gateway)
     system.setup(app, gateway)
+    receipts.setup(app, gateway)
+    metrics.setup(app, gateway)
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     return app

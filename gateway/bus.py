@@ -89,5 +89,9 @@ class Bus:
     def subscriber_count(self) -> int:
         return sum(len(s) for s in self._subscribers.values())
 
+    def live_merges(self) -> int:
+        """Merges of subscribers still connected (closed ones are counted by their stream)."""
+        return sum(sub.merges for subs in self._subscribers.values() for sub in subs)
+
     def buffered(self) -> int:
         return sum(len(sub.buffer) for subs in self._subscribers.values() for sub in subs)

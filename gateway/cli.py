@@ -14,8 +14,9 @@ import aiohttp
 import click
 from aiohttp import web
 
-from gateway.app import create_app, is_loopback
+from gateway.app import GATEWAY_KEY, create_app, is_loopback
 from gateway.config import Config, ConfigError, section_specs_from_hook
+from gateway.logs import configure as configure_logging
 from gateway.plugins import PluginError, PluginHost
 
 DEFAULT_URL_ENV = "AGENT_GATEWAY_URL"
@@ -49,8 +50,15 @@ def cli() -> None:
 @click.option("--port", type=int, help="Listen port; 0 picks a free one.")
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where the SQLite journal and spool live.")
 @click.option("--demo", is_flag=True, help="Wire a built-in fake OpenAI upstream and stream a demo run.")
-def serve(config_path: str | None, host: str | None, port: int | None, data_dir: str | None, demo: bool) -> None:
+@click.option(
+    "--log-format", type=click.Choice(["auto", "json", "text"]), default="auto", show_default=True,
+    help="auto: JSON lines unless stderr is a terminal.",
+)
+def serve(
+    config_path: str | None, host: str | None, port: int | None, data_dir: str | None, demo: bool, log_format: str
+) -> None:
     """Run the gateway."""
+    configure_logging(log_format)
     overrides: dict[str, dict[str, Any]] = {"gateway": {}}
     if host is not None:
         overrides["gateway"]["host"] = host
@@ -89,6 +97,7 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     port = server.sockets[0].getsockname()[1] if server and server.sockets else gw["port"]  # type: ignore[union-attr]
     shown_host = f"[{gw['host']}]" if ":" in gw["host"] else gw["host"]  # IPv6 literals need brackets
     url = f"http://{shown_host}:{port}"
+    app[GATEWAY_KEY].services["base_url"] = url  # what agents' MCP clients call back
     click.echo(f"agent-gateway listening on {url}", err=False)
     click.echo(f"data directory: {config.data_dir}  storage: {_redact(config.storage_url)}")
     sys.stdout.flush()

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import secrets
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 
 from gateway.errors import ApiError
 from gateway.journal import Journal
+from gateway.logs import agent_id_var, run_id_var, session_id_var
 from gateway.models import (
     ACTIVE_STATUSES,
     STATUS_BY_TERMINAL_KIND,
@@ -131,6 +133,8 @@ class RunManager:
         self._creating: dict[tuple[str, ...], asyncio.Lock] = {}
         self._shutting_down = False
         self._watchdogs: set[asyncio.Task[None]] = set()
+        self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
+        self.created = 0
         self.listeners: list[Callable[[Run], None]] = []
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -168,6 +172,7 @@ class RunManager:
         self.journal.open_run(run.host_run_id)
         active = ActiveRun(run, runtime)
         self._active[run.host_run_id] = active
+        self.created += 1
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
@@ -220,6 +225,9 @@ class RunManager:
 
     async def _execute(self, active: ActiveRun) -> None:
         run = active.run
+        run_id_var.set(run.host_run_id)  # this task's context: every log line names its run
+        session_id_var.set(run.session_id)
+        agent_id_var.set(run.agent_id)
         outcome: TurnOutcome
         lock = self._session_locks.setdefault((run.actor_id, run.session_id), asyncio.Lock())
         try:
@@ -322,6 +330,21 @@ class RunManager:
         await self._set_status(run, "awaiting_permission")
         by = "client"
         cancel_wait = asyncio.ensure_future(active.turn.cancel_requested.wait()) if active.turn else None
+
+        async def resolved(option_id: str | None, by: str) -> None:
+            await self.journal.append(
+                run.host_run_id,
+                "permission.resolved",
+                {
+                    "requestId": request_id,
+                    "outcome": "selected" if option_id else "cancelled",
+                    "optionId": option_id,
+                    "by": by,
+                },
+            )
+            if not run.is_terminal:
+                await self._set_status(run, "running")
+
         try:
             waiters = {future} | ({cancel_wait} if cancel_wait else set())
             done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -329,18 +352,17 @@ class RunManager:
                 option_id = future.result()
             else:
                 option_id, by = None, ("cancel" if done else "timeout")
+        except asyncio.CancelledError:
+            # The runtime withdrew the request (e.g. an ACP `session/cancel` answers open permission
+            # requests `cancelled` by cancelling their handler): it is still resolved, in the journal.
+            with contextlib.suppress(Exception):
+                await resolved(None, "cancel")
+            raise
         finally:
             if cancel_wait is not None:
                 cancel_wait.cancel()
             active.permissions.pop(request_id, None)
-        await self.journal.append(
-            run.host_run_id,
-            "permission.resolved",
-            {"requestId": request_id, "outcome": "selected" if option_id else "cancelled", "optionId": option_id,
-             "by": by},
-        )
-        if not run.is_terminal:
-            await self._set_status(run, "running")
+        await resolved(option_id, by)
         return option_id
 
     async def resolve_permission(self, host_run_id: str, actor_id: str, request_id: str, option_id: Any) -> Run:
@@ -404,6 +426,7 @@ class RunManager:
         await self.journal.append(run.host_run_id, TERMINAL_KIND_BY_STATUS[status], payload)
         # The event is in the journal (spooled, published); now the status may flip.
         run.status = status
+        self.finished[status] += 1
         run.error = reason if status != "completed" else None
         run.updated_at = now_ms()
         try:

@@ -52,6 +52,8 @@ class RunRoutes:
 
     async def create(self, request: web.Request) -> web.Response:
         body = await read_json(request)
+        # Agents call back (MCP) on the address the host used, unless the launcher set one.
+        self.gw.services.setdefault("base_url", str(request.url.origin()))
         run, created = await self.gw.runs.create(request["actor"], body)
         response = _receipt(run)
         response.set_status(201 if created else 200)

@@ -1,0 +1,93 @@
+"""GET /metrics: Prometheus text exposition of the gateway's own counters and gauges."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+def render(gateway: Gateway) -> str:
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{labels} {value:g}")
+
+    active = gateway.runs.active_runs()
+    metric(
+        "agent_gateway_runs_active",
+        "gauge",
+        "Runs not yet ended, by status.",
+        [(f'{{status="{s}"}}', sum(1 for r in active if r.status == s)) for s in sorted(ACTIVE_STATUSES)],
+    )
+    metric(
+        "agent_gateway_runs_finished_total",
+        "counter",
+        "Runs ended by this process, by terminal status.",
+        [(f'{{status="{s}"}}', gateway.runs.finished.get(s, 0)) for s in sorted(TERMINAL_STATUSES)],
+    )
+    metric("agent_gateway_runs_created_total", "counter", "Runs created by this process.", [("", gateway.runs.created)])
+    journal, stats = gateway.journal, gateway.stream_stats
+    metric(
+        "agent_gateway_events_appended_total", "counter", "Events appended to the journal.", [("", journal.appended)]
+    )
+    metric("agent_gateway_events_delivered_total", "counter", "Events written to SSE clients.", [("", stats.delivered)])
+    metric(
+        "agent_gateway_journal_pending_events",
+        "gauge",
+        "Events appended but not yet committed to storage.",
+        [("", journal.pending)],
+    )
+    metric("agent_gateway_journal_commits_total", "counter", "Group commits to storage.", [("", journal.batches)])
+    metric(
+        "agent_gateway_journal_commit_errors_total",
+        "counter",
+        "Failed commits (retried).",
+        [("", journal.commit_errors)],
+    )
+    metric(
+        "agent_gateway_stream_buffered_events",
+        "gauge",
+        "Events waiting in SSE client buffers.",
+        [("", gateway.bus.buffered())],
+    )
+    metric("agent_gateway_streams_open", "gauge", "Open SSE streams.", [("", stats.open_streams)])
+    metric(
+        "agent_gateway_stream_merges_total",
+        "counter",
+        "Deltas merged for clients that fell behind.",
+        [("", stats.merges + gateway.bus.live_merges())],
+    )
+    metric(
+        "agent_gateway_stream_replays_total",
+        "counter",
+        "Clients moved back to replay from the journal.",
+        [("", stats.replays)],
+    )
+    bindings = [
+        (f'{{agent="{agent_id}"}}', float(runtime.live_bindings()))
+        for agent_id, runtime in sorted(gateway.runtimes.items())
+        if hasattr(runtime, "live_bindings")
+    ]
+    metric("agent_gateway_live_bindings", "gauge", "Live agent sessions kept between turns.", bindings)
+    return "\n".join(lines) + "\n"
+
+
+def setup(app: web.Application, gateway: Gateway) -> None:
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            text=render(gateway),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
+
+    app.router.add_get("/metrics", metrics)

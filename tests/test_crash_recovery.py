@@ -1,0 +1,214 @@
+"""A real gateway process is SIGKILLed mid-run and restarted on the same data directory.
+
+The run must come back `interrupted` with exactly one `run.interrupted` event, last; every event a
+client saw before the kill must be in the journal under the same seq with the same content (no
+seq reused for another event), and a stream resumed with Last-Event-ID must deliver the rest.
+The gateway is started as `python -m gateway.cli serve --port 0 --data-dir <tmp>`; the fake
+OpenAI upstream runs in the test's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import sse_events
+
+from contrib.fake_openai import FakeOpenAI, Reply
+from gateway.models import TERMINAL_KINDS
+
+ROOT = Path(__file__).resolve().parent.parent
+START_TIMEOUT = 30.0
+WAIT = 20.0
+LISTENING = re.compile(r"^agent-gateway listening on (http://\S+)\s*$")
+
+
+class GatewayProcess:
+    def __init__(self, proc: asyncio.subprocess.Process, url: str, log_path: Path, drain: asyncio.Task) -> None:
+        self.proc = proc
+        self.url = url
+        self.log_path = log_path
+        self._drain = drain
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGKILL)
+        async with asyncio.timeout(WAIT):
+            await self.proc.wait()
+        self._drain.cancel()
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                async with asyncio.timeout(WAIT):
+                    await self.proc.wait()
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self._drain.cancel()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
+@pytest.fixture
+async def start_gateway(tmp_path: Path) -> AsyncIterator[Any]:
+    started: list[GatewayProcess] = []
+
+    async def start(data_dir: Path, upstream: str) -> GatewayProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_GATEWAY")}
+        env["AGENT_GATEWAY__CHAT_ONLY__BASE_URL"] = upstream
+        env["AGENT_GATEWAY__CHAT_ONLY__MODEL"] = "m"
+        env["PYTHONUNBUFFERED"] = "1"
+        log_path = tmp_path / f"gateway-{len(started)}.log"
+        with log_path.open("wb") as log:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--port",
+                "0",
+                "--data-dir",
+                str(data_dir),
+                cwd=ROOT,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+            )
+        assert proc.stdout is not None
+        try:
+            async with asyncio.timeout(START_TIMEOUT):
+                first = (await proc.stdout.readline()).decode()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(f"the gateway did not start in {START_TIMEOUT} s:\n{log_path.read_text()}") from None
+        match = LISTENING.match(first)
+        if match is None:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(f"unexpected first line {first!r}:\n{log_path.read_text()}")
+        gateway = GatewayProcess(proc, match.group(1), log_path, asyncio.create_task(_drain(proc.stdout)))
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        with contextlib.suppress(ProcessLookupError):
+            await gateway.stop()
+
+
+async def test_sigkill_mid_run_then_restart_interrupts_the_run_and_keeps_every_seen_event(
+    tmp_path: Path, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    text = "".join(chr(ord("a") + i % 26) for i in range(3000))
+    fake_llm.default = Reply(text=text, chunk_size=1, delay=0.01)  # ~30 s: killed long before the end
+    data_dir = tmp_path / "data"
+    first = await start_gateway(data_dir, fake_llm.base_url)
+    seen: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+        response = await http.post(
+            f"{first.url}/v1/runs",
+            json={"requestId": "crash-1", "agentId": "chat-only", "sessionId": "s-crash", "message": "go"},
+        )
+        assert response.status == 201, await response.text()
+        run_id = (await response.json())["hostRunId"]
+        async with asyncio.timeout(WAIT):
+            stream = await http.get(f"{first.url}/v1/runs/{run_id}/stream")
+            assert stream.status == 200
+            deltas = 0
+            killed = False
+            with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+                async for event in sse_events(stream):
+                    seen.append(event)
+                    deltas += event["event"] == "message.delta"
+                    if deltas == 40 and not killed:
+                        # Kill with the stream open; whatever was already sent is still read.
+                        await first.kill()
+                        killed = True
+            stream.release()
+        assert killed, [e["event"] for e in seen]
+    assert first.proc.returncode == -signal.SIGKILL
+    assert not any(e["event"] in TERMINAL_KINDS for e in seen)
+    assert [int(e["id"]) for e in seen] == list(range(1, len(seen) + 1))
+
+    fake_llm.default = None  # echo again for the follow-up run
+    second = await start_gateway(data_dir, fake_llm.base_url)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+        receipt = await (await http.get(f"{second.url}/v1/runs/{run_id}")).json()
+        assert receipt["status"] == "interrupted", receipt
+
+        journal: list[dict[str, Any]] = []
+        cursor = "0"
+        while True:
+            page = await (await http.get(f"{second.url}/v1/runs/{run_id}/events", params={"afterSeq": cursor})).json()
+            if not page["events"]:
+                break
+            journal.extend(page["events"])
+            cursor = page["nextCursor"]
+        kinds = [e["kind"] for e in journal]
+        assert kinds[-1] == "run.interrupted"
+        assert sum(k in TERMINAL_KINDS for k in kinds) == 1
+        seqs = [int(e["seq"]) for e in journal]
+        assert seqs == list(range(1, len(journal) + 1))
+        # Every event the client saw is in the journal, same seq, same event.
+        by_seq = {e["seq"]: e for e in journal}
+        for event in seen:
+            assert by_seq.get(event["id"]) == event["data"], event["id"]
+        assert len(journal) > len(seen)  # at least the synthetic terminal event
+
+        # Resuming from the last event seen delivers the rest, ending in run.interrupted.
+        async with asyncio.timeout(WAIT):
+            resumed_response = await http.get(
+                f"{second.url}/v1/runs/{run_id}/stream", headers={"Last-Event-ID": seen[-1]["id"]}
+            )
+            resumed = [e async for e in sse_events(resumed_response)]
+        assert [e["data"] for e in resumed] == [e for e in journal if int(e["seq"]) > int(seen[-1]["id"])]
+        assert resumed[-1]["event"] == "run.interrupted"
+
+        active = await (await http.get(f"{second.url}/v1/sessions/s-crash/active-run")).json()
+        assert active["run"] is None
+        # The session goes on: a follow-up run (pointing at the interrupted one) completes.
+        follow = await http.post(
+            f"{second.url}/v1/runs",
+            json={
+                "requestId": "crash-2",
+                "agentId": "chat-only",
+                "sessionId": "s-crash",
+                "message": "continue after the crash",
+                "parentRunId": run_id,
+            },
+        )
+        assert follow.status == 201, await follow.text()
+        follow_receipt = await follow.json()
+        assert follow_receipt["parentRunId"] == run_id
+        async with asyncio.timeout(WAIT):
+            follow_stream = await http.get(f"{second.url}/v1/runs/{follow_receipt['hostRunId']}/stream")
+            follow_events = [e async for e in sse_events(follow_stream)]
+        assert follow_events[-1]["event"] == "run.completed"
+        # The retry of the interrupted run's requestId is still that run, not a new one.
+        retry = await http.post(
+            f"{second.url}/v1/runs",
+            json={"requestId": "crash-1", "agentId": "chat-only", "sessionId": "s-crash", "message": "go"},
+        )
+        assert retry.status == 200
+        assert (await retry.json())["hostRunId"] == run_id
+    await second.stop()
+    assert second.proc.returncode == 0, second.log()

@@ -1,0 +1,425 @@
+"""gateway/journal.py and gateway/bus.py with the real peewee SQLite storage: seq assignment, the
+terminal rule, reads that merge committed and pending events mid-commit, spool recovery after a
+kill, and the per-client buffers (delta merging, replay on overflow, terminal always kept)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.bus import Bus, Subscriber
+from gateway.journal import Journal
+from gateway.models import Event
+from plugins.journal_peewee import PeeweeStorage
+
+WAIT = 10.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[PeeweeStorage]:
+    store = PeeweeStorage(sqlite_url(tmp_path / "journal.db"))
+    store.open()
+    yield store
+    store.close()
+
+
+class Gate:
+    """Holds one storage call on a thread until the test releases it."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where  # "before" or "after" the real write
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        assert self.release.wait(WAIT)
+
+
+class GatedStorage:
+    """Delegates to a real storage; `append_events` can be held before or after the real write
+    (`write_gate`), `read_events` before the real read (`read_gate`), on gates the test opens."""
+
+    def __init__(self, inner: PeeweeStorage) -> None:
+        self.inner = inner
+        self.write_gate: Gate | None = None
+        self.read_gate: Gate | None = None
+        self.fail_writes = False
+
+    def hold_writes(self, where: str | None) -> Gate | None:
+        """Hold every later `append_events` call on a new gate (None: stop holding)."""
+        self.write_gate = Gate(where) if where else None
+        return self.write_gate
+
+    def append_events(self, events: Sequence[Event]) -> None:
+        if self.fail_writes:
+            raise RuntimeError("database is down")
+        gate = self.write_gate
+        if gate is not None and gate.where == "before":
+            gate.hold()
+        self.inner.append_events(events)
+        if gate is not None and gate.where == "after":
+            gate.hold()
+
+    def read_events(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        gate = self.read_gate
+        if gate is not None:
+            gate.hold()
+        return self.inner.read_events(host_run_id, after_seq, limit)
+
+    def release_all(self) -> None:
+        for gate in (self.write_gate, self.read_gate):
+            if gate is not None:
+                gate.release.set()
+        self.write_gate = self.read_gate = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def wait_thread_event(event: threading.Event) -> None:
+    assert await asyncio.to_thread(event.wait, WAIT), "timed out waiting for the storage thread"
+
+
+@pytest.fixture
+async def gated(storage: PeeweeStorage, tmp_path: Path) -> AsyncIterator[tuple[Journal, GatedStorage]]:
+    store = GatedStorage(storage)
+    journal = Journal(store, Bus(), tmp_path / "spool")  # type: ignore[arg-type]
+    await journal.start()
+    yield journal, store
+    store.fail_writes = False
+    store.release_all()
+    async with asyncio.timeout(WAIT):
+        await journal.close()
+
+
+def seqs(events: Sequence[Event]) -> list[int]:
+    return [e.seq for e in events]
+
+
+# -- seqs and the terminal rule ----------------------------------------------------------------------
+
+
+async def test_seqs_are_strictly_increasing_per_run(storage: PeeweeStorage, tmp_path: Path) -> None:
+    journal = Journal(storage, Bus(), tmp_path / "spool", batch_max=7)
+    await journal.start()
+    for run in ("run_a", "run_b", "run_c"):
+        journal.open_run(run)
+
+    async def writer(run: str, count: int) -> list[int]:
+        got = []
+        for i in range(count):
+            event = await journal.append(run, "message.delta", {"text": f"{run}:{i}"}, "test")
+            assert event is not None
+            got.append(event.seq)
+            if i % 5 == 0:
+                await asyncio.sleep(0)  # interleave the writers
+        return got
+
+    results = await asyncio.gather(writer("run_a", 60), writer("run_b", 45), writer("run_c", 1))
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    for run, got, count in zip(("run_a", "run_b", "run_c"), results, (60, 45, 1), strict=True):
+        assert got == list(range(1, count + 1))
+        stored = storage.read_events(run)
+        assert seqs(stored) == list(range(1, count + 1))
+        assert [e.payload["text"] for e in stored] == [f"{run}:{i}" for i in range(count)]
+    assert journal.batches >= 2  # the writer committed in groups
+    await journal.close()
+
+
+async def test_open_run_continues_after_the_stored_seq(storage: PeeweeStorage, tmp_path: Path) -> None:
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    await journal.start()
+    journal.open_run("run_x", next_seq=41)
+    journal.open_run("run_x", next_seq=3)  # never goes backwards
+    event = await journal.append("run_x", "run.started", {})
+    assert event is not None and event.seq == 41
+    with pytest.raises(KeyError):
+        await journal.append("run_unknown", "run.started", {})
+    await journal.close()
+
+
+async def test_nothing_is_appended_after_a_terminal_event(storage: PeeweeStorage, tmp_path: Path) -> None:
+    bus = Bus()
+    journal = Journal(storage, bus, tmp_path / "spool")
+    await journal.start()
+    journal.open_run("run_t")
+    sub = bus.subscribe("run_t", 100)
+    await journal.append("run_t", "message.delta", {"text": "a"})
+    terminal = await journal.append("run_t", "run.completed", {"status": "completed"})
+    assert terminal is not None and terminal.seq == 2
+    assert journal.has_terminal("run_t")
+    assert await journal.append("run_t", "message.delta", {"text": "late"}) is None
+    assert await journal.append("run_t", "run.failed", {"status": "failed"}) is None
+    await journal.flush()
+    assert [e.kind for e in storage.read_events("run_t")] == ["message.delta", "run.completed"]
+    assert [e.kind for e in sub.take(100)] == ["message.delta", "run.completed"]
+    # Reopening a run known to be terminal keeps the rule.
+    journal.forget_run("run_t")
+    journal.open_run("run_t", next_seq=3, terminal=True)
+    assert await journal.append("run_t", "run.interrupted", {}) is None
+    await journal.close()
+    assert len(storage.read_events("run_t")) == 2
+
+
+# -- reads while the writer is mid-commit -------------------------------------------------------------
+
+
+async def test_read_merges_committed_and_pending_with_no_gap_or_duplicate(gated) -> None:
+    journal, store = gated
+    run = "run_r"
+    journal.open_run(run)
+    for i in range(1, 6):
+        await journal.append(run, "message.delta", {"text": str(i)})
+    await journal.flush()
+    assert seqs(store.inner.read_events(run)) == [1, 2, 3, 4, 5]
+
+    # 1. The writer holds a batch before writing it: 6..10 exist only in memory.
+    gate1 = store.hold_writes("before")
+    for i in range(6, 11):
+        await journal.append(run, "message.delta", {"text": str(i)})
+    await wait_thread_event(gate1.entered)
+    assert seqs(store.inner.read_events(run)) == [1, 2, 3, 4, 5]
+    assert seqs(await journal.read(run)) == list(range(1, 11))
+    assert seqs(await journal.read(run, 3)) == list(range(4, 11))
+    assert seqs(await journal.read(run, 0, 7)) == list(range(1, 8))
+    assert seqs(await journal.read(run, 5, 2)) == [6, 7]
+    assert seqs(await journal.read(run, 8)) == [9, 10]
+    assert (await journal.last_event(run)).seq == 10  # type: ignore[union-attr]
+
+    # 2. The next batch (11..15, appended without yielding) is written, but the journal has
+    #    not yet seen the commit return: those events are both stored and pending.
+    gate2 = store.hold_writes("after")
+    gate1.release.set()
+    for i in range(11, 16):
+        await journal.append(run, "message.delta", {"text": str(i)})
+    await wait_thread_event(gate2.entered)
+    assert seqs(store.inner.read_events(run)) == list(range(1, 16))
+    assert journal.pending == 5
+    for after, limit in ((0, None), (12, None), (0, 12), (10, 3), (9, 100)):
+        expected = [s for s in range(1, 16) if s > after][:limit]
+        assert seqs(await journal.read(run, after, limit)) == expected, (after, limit)
+
+    # 3. A read whose pending snapshot is taken while 16..18 are uncommitted, but whose storage
+    #    query runs after they were committed and dropped from the pending list.
+    store.hold_writes(None)
+    gate2.release.set()
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    gate3 = store.hold_writes("before")
+    for i in range(16, 19):
+        await journal.append(run, "message.delta", {"text": str(i)})
+    await wait_thread_event(gate3.entered)
+    read_gate = store.read_gate = Gate("before")
+    reader = asyncio.create_task(journal.read(run, 14))
+    await wait_thread_event(read_gate.entered)
+    store.hold_writes(None)
+    gate3.release.set()
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    assert journal.pending == 0
+    store.read_gate = None
+    read_gate.release.set()
+    async with asyncio.timeout(WAIT):
+        got = await reader
+    assert seqs(got) == [15, 16, 17, 18]
+    assert [e.payload["text"] for e in await journal.read(run)] == [str(i) for i in range(1, 19)]
+
+
+# -- the spool ----------------------------------------------------------------------------------------
+
+CRASHING_WRITER = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from pathlib import Path
+    from gateway.bus import Bus
+    from gateway.journal import Journal
+    from plugins.journal_peewee import PeeweeStorage
+
+    class DownStorage(PeeweeStorage):
+        def append_events(self, events):
+            raise RuntimeError("database is down")
+
+    async def main():
+        storage = DownStorage(sys.argv[1])
+        storage.open()
+        journal = Journal(storage, Bus(), Path(sys.argv[2]))
+        await journal.start()
+        journal.open_run("run_a")
+        journal.open_run("run_b")
+        for i in range(300):
+            await journal.append("run_a", "message.delta", {"text": f"a{i}", "n": i}, "chat-only")
+            if i % 3 == 0:
+                await journal.append("run_b", "thought.delta", {"text": f"b{i}"}, "chat-only")
+        await journal.append("run_a", "run.completed", {"status": "completed"})
+        await asyncio.sleep(0.2)  # let the writer fail a few commits (not synchronisation)
+        assert journal.commit_errors >= 1 and journal.pending > 0
+        print("spooled", journal.appended, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_spooled_events_reach_storage_after_a_crash(storage: PeeweeStorage, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    db_url = sqlite_url(tmp_path / "journal.db")
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", CRASHING_WRITER, db_url, str(spool)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert proc.stdout.startswith("spooled 401"), proc.stdout + proc.stderr
+    assert storage.read_events("run_a") == []
+    leftovers = sorted(spool.glob("*.jsonl"))
+    assert leftovers
+    # The kill may cut a line short; recovery skips it.
+    with leftovers[-1].open("a") as handle:
+        handle.write('{"schema":"gateway.run_event.v1","hostRunId":"run_a","seq":"0000')
+
+    journal = Journal(storage, Bus(), spool)
+    await journal.start()
+    stored_a = storage.read_events("run_a")
+    stored_b = storage.read_events("run_b")
+    assert seqs(stored_a) == list(range(1, 302))
+    assert [e.payload["text"] for e in stored_a[:-1]] == [f"a{i}" for i in range(300)]
+    assert stored_a[-1].kind == "run.completed"
+    assert {e.source for e in stored_a[:-1]} == {"chat-only"}
+    assert seqs(stored_b) == list(range(1, 101))
+    assert [e.payload["text"] for e in stored_b] == [f"b{i}" for i in range(0, 300, 3)]
+    assert all(not path.exists() for path in leftovers)
+    await journal.close()
+    # Recovering twice is harmless (a replayed batch is skipped by the store).
+    again = Journal(storage, Bus(), spool)
+    await again.start()
+    await again.close()
+    assert len(storage.read_events("run_a")) == 301
+
+
+async def test_a_live_spool_segment_is_not_taken_by_another_journal(storage: PeeweeStorage, tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    down = GatedStorage(storage)
+    down.fail_writes = True
+    first = Journal(down, Bus(), spool)  # type: ignore[arg-type]
+    await first.start()
+    first.open_run("run_live")
+    for i in range(5):
+        await first.append("run_live", "message.delta", {"text": str(i)})
+    second = Journal(storage, Bus(), spool)
+    await second.start()  # must skip the segment `first` still holds
+    assert storage.read_events("run_live") == []
+    await second.close()
+    down.fail_writes = False  # storage comes back: the first journal commits its own events
+    async with asyncio.timeout(WAIT):
+        await first.flush()
+    assert first.commit_errors >= 1
+    await first.close()
+    assert seqs(storage.read_events("run_live")) == [1, 2, 3, 4, 5]
+    assert list(spool.glob("*.jsonl")) == []
+
+
+# -- the bus --------------------------------------------------------------------------------------------
+
+
+def ev(seq: int, kind: str = "message.delta", text: str | None = None, **payload: Any) -> Event:
+    if text is not None:
+        payload["text"] = text
+    return Event("run_bus", seq, kind, "chat-only", payload)
+
+
+def test_subscriber_merges_deltas_when_full_and_keeps_the_text() -> None:
+    sub = Subscriber("run_bus", capacity=3)
+    sub.offer(ev(1, "run.started"))
+    pieces = [f"<{i}>" for i in range(2, 40)]
+    for seq, piece in enumerate(pieces, start=2):
+        sub.offer(ev(seq, text=piece))
+    assert not sub.needs_replay
+    assert len(sub.buffer) == 3
+    assert sub.merges == len(pieces) - 2
+    delivered = sub.take(10)
+    assert [e.seq for e in delivered] == [1, 2, 39]  # the merged event carries the last seq
+    assert "".join(e.payload["text"] for e in delivered[1:]) == "".join(pieces)
+    assert delivered[2].payload["mergedFrom"] == 3
+    assert delivered[2].payload["mergedCount"] == len(pieces) - 1
+    assert not sub.wakeup.is_set()
+
+
+def test_subscriber_switches_to_replay_on_a_non_mergeable_overflow() -> None:
+    for overflow in (
+        ev(4, "tool.started", toolCallId="t1"),
+        ev(4, "thought.delta", text="x"),  # a delta of another kind
+        ev(4, text="y", messageId="other"),  # a delta of another message
+        ev(4, "permission.requested", requestId="p"),
+    ):
+        sub = Subscriber("run_bus", capacity=2)
+        sub.offer(ev(1, "run.started"))
+        sub.offer(ev(2, text="a", messageId="m"))
+        assert len(sub.buffer) == 2
+        sub.offer(overflow)
+        assert sub.needs_replay, overflow.kind
+        assert list(sub.buffer) == [] and sub.replays == 1
+        assert sub.wakeup.is_set()
+        sub.offer(ev(5, text="ignored"))  # the writer re-reads these from the journal
+        assert list(sub.buffer) == []
+
+
+def test_terminal_is_always_buffered() -> None:
+    sub = Subscriber("run_bus", capacity=2)
+    sub.offer(ev(1, "tool.started"))
+    sub.offer(ev(2, "tool.completed"))
+    sub.offer(ev(3, "run.completed", status="completed"))
+    assert not sub.needs_replay
+    assert [e.kind for e in sub.take(10)] == ["tool.started", "tool.completed", "run.completed"]
+    full_of_deltas = Subscriber("run_bus", capacity=1)
+    full_of_deltas.offer(ev(1, text="a"))
+    full_of_deltas.offer(ev(2, "run.failed", status="failed"))
+    assert [e.kind for e in full_of_deltas.take(10)] == ["message.delta", "run.failed"]
+
+
+async def test_bus_under_pressure_merges_but_the_journal_keeps_every_event(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    bus = Bus()
+    journal = Journal(storage, bus, tmp_path / "spool")
+    await journal.start()
+    journal.open_run("run_p")
+    slow = bus.subscribe("run_p", 4)
+    fast = bus.subscribe("run_p", 10_000)
+    text = [f"w{i} " for i in range(500)]
+    for piece in text:
+        await journal.append("run_p", "message.delta", {"text": piece}, "chat-only")
+    await journal.append("run_p", "run.completed", {"status": "completed"})
+    slow_events = slow.take(100)
+    assert len(slow_events) <= 5 and slow.merges > 0 and not slow.needs_replay
+    assert "".join(e.payload["text"] for e in slow_events if e.kind == "message.delta") == "".join(text)
+    assert slow_events[-1].kind == "run.completed" and slow_events[-1].seq == 501
+    assert [e.seq for e in slow_events] == sorted({e.seq for e in slow_events})
+    assert [e.seq for e in fast.take(10_000)] == list(range(1, 502))
+    assert bus.buffered() == 0
+    bus.unsubscribe(slow)
+    bus.unsubscribe(fast)
+    assert bus.subscriber_count() == 0
+    await journal.flush()
+    assert len(await journal.read("run_p")) == 501
+    assert json.loads(storage.read_events("run_p", 500)[0].wire_json())["kind"] == "run.completed"
+    await journal.close()
