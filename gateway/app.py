@@ -15,17 +15,21 @@ from gateway.bus import Bus
 from gateway.config import Config, section_specs_from_hook
 from gateway.errors import ApiError, json_errors
 from gateway.journal import Journal
+from gateway.mcp import MCP_PATH
+from gateway.mcp import http as mcp_http
+from gateway.mcp.wiring import mcp_servers_for
 from gateway.plugins import PluginError, PluginHost
-from gateway.routes import agents, metrics, receipts, runs, system
+from gateway.routes import agents, metrics, receipts, runs, system, workspaces
 from gateway.runs import RunManager
 from gateway.runtime import Runtime
 from gateway.sse import StreamStats
 from gateway.tools import ToolFacade
+from gateway.watcher import Watcher
 
 log = logging.getLogger("gateway.app")
 
 LOCAL_ACTOR = "local"
-PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", "/metrics"})
+PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", "/metrics", MCP_PATH})
 
 
 class Gateway:
@@ -82,6 +86,7 @@ class Gateway:
             "workspace_roots": config.workspace_roots,
             "tools": self.tools,
         }
+        self.services["mcp_servers_for"] = mcp_servers_for(self)
         self.runs = RunManager(
             storage,
             self.journal,
@@ -91,6 +96,7 @@ class Gateway:
             run_timeout=float(gw["run_timeout_seconds"]),
             services=self.services,
         )
+        self.watcher = Watcher(self)
 
     def actor_for(self, request: web.Request) -> str:
         if not self.tokens:
@@ -109,11 +115,13 @@ class Gateway:
         await asyncio.get_running_loop().run_in_executor(self.executor, self.storage.open)
         await self.journal.start()
         interrupted = await self.runs.recover()
+        await self.watcher.start()
         if interrupted:
             log.warning("marked %d run(s) left active by a previous process as interrupted", interrupted)
         await self.plugins.startup(app)
 
     async def stop(self, app: web.Application) -> None:
+        await self.watcher.stop()
         await self.runs.shutdown()
         for runtime in self.runtimes.values():
             try:
@@ -165,6 +173,8 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     system.setup(app, gateway)
     receipts.setup(app, gateway)
     metrics.setup(app, gateway)
+    workspaces.setup(app, gateway)
+    mcp_http.setup(app, gateway)
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     return app

@@ -17,6 +17,7 @@ from aiohttp import web
 from gateway.app import GATEWAY_KEY, create_app, is_loopback
 from gateway.config import Config, ConfigError, section_specs_from_hook
 from gateway.logs import configure as configure_logging
+from gateway.mcp.bridge import add_commands as add_mcp_commands
 from gateway.plugins import PluginError, PluginHost
 
 DEFAULT_URL_ENV = "AGENT_GATEWAY_URL"
@@ -145,6 +146,9 @@ async def _demo(url: str) -> None:
 
 
 # -- runs ----------------------------------------------------------------------------------------
+add_mcp_commands(cli)
+
+
 @cli.group()
 def runs() -> None:
     """Create and follow runs on a running gateway."""

@@ -327,9 +327,8 @@ class RunManager:
             "permission.requested",
             {"requestId": request_id, "toolCall": tool_call, "options": options, "timeoutSeconds": timeout},
         )
-        await self._set_status(run, "awaiting_permission")
         by = "client"
-        cancel_wait = asyncio.ensure_future(active.turn.cancel_requested.wait()) if active.turn else None
+        cancel_wait: asyncio.Future[Any] | None = None
 
         async def resolved(option_id: str | None, by: str) -> None:
             await self.journal.append(
@@ -346,6 +345,9 @@ class RunManager:
                 await self._set_status(run, "running")
 
         try:
+            # Inside the try: a withdrawal that lands while the status is being stored still resolves.
+            await self._set_status(run, "awaiting_permission")
+            cancel_wait = asyncio.ensure_future(active.turn.cancel_requested.wait()) if active.turn else None
             waiters = {future} | ({cancel_wait} if cancel_wait else set())
             done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if future in done:

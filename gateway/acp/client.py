@@ -313,13 +313,40 @@ class AcpProcess:
 
     async def _watch_exit(self) -> None:
         assert self._proc is not None
-        await self._proc.wait()
+        await self._process_gone(self._proc)
+        if self._new_process_group:
+            # The agent's own children (a launcher's real binary) may still hold our pipes open.
+            self._signal(signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._exit_grace):
+                await self._proc.wait()  # the exit code, once the pipes have closed
         # Let the reader dispatch what the agent wrote before dying, and the
         # stderr task collect its last words, before failing pending requests.
         waiting = [task for task in (self._reader_task, self._stderr_task) if task is not None and not task.done()]
         if waiting:
             await asyncio.wait(waiting, timeout=self._exit_grace)
         self._finish()
+
+    @staticmethod
+    async def _process_gone(proc: asyncio.subprocess.Process) -> None:
+        """Wait until the process itself exits. `Process.wait()` also waits for every pipe to
+        close, which never happens while a child of the agent keeps them open; a pidfd tells
+        the exit alone."""
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):
+            await proc.wait()
+            return
+        loop = asyncio.get_running_loop()
+        exited: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        waiter = asyncio.ensure_future(proc.wait())
+        try:
+            await asyncio.wait({exited, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            waiter.cancel()
 
     def _exited_error(self) -> AcpProcessExited:
         return AcpProcessExited(self.returncode, self.stderr_tail())

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -363,7 +364,15 @@ class AcpRuntime:
             if role is None:
                 continue
             text = extract_text(update.get("content"))
-            if messages and messages[-1][0] == role:
+            # Consecutive chunks of one role are one message, except around the agent's own context
+            # (Reasonix replays its `<session-context …>` snapshot and the first user message as two
+            # user chunks in a row: merged, the user message was ignored along with the snapshot).
+            if (
+                messages
+                and messages[-1][0] == role
+                and not self._ignored(role, text)
+                and not self._ignored(*messages[-1])
+            ):
                 messages[-1] = (role, messages[-1][1] + text)
             else:
                 messages.append((role, text))
@@ -372,7 +381,7 @@ class AcpRuntime:
         }
         journalled = deduplicated = ignored = 0
         for role, text in messages:
-            if role == "user" and text.lstrip().startswith(self.spec.replay_ignore_prefixes or ("\0",)):
+            if self._ignored(role, text):
                 ignored += 1
             elif text.strip() in known:
                 deduplicated += 1
@@ -388,6 +397,14 @@ class AcpRuntime:
         }
         await turn.emit("session.replayed", summary, source="adapter_replay")
         return summary
+
+    def _ignored(self, role: str, text: str) -> bool:
+        """A replayed user message that is the agent's own context, not conversation history."""
+        return (
+            role == "user"
+            and bool(self.spec.replay_ignore_prefixes)
+            and text.lstrip().startswith(self.spec.replay_ignore_prefixes)
+        )
 
     async def _apply_model(self, binding: Binding, key: BindingKey) -> None:
         if not key.model:
@@ -438,8 +455,14 @@ class AcpRuntime:
             binding.turn = None
             binding.busy = False
             binding.last_used = time.monotonic()
-        if isinstance(prompt.exception() if prompt.done() and not prompt.cancelled() else None, AcpProcessExited):
+        error = prompt.exception() if prompt.done() and not prompt.cancelled() else None
+        if isinstance(error, AcpProcessExited):
             await self._close_binding(binding, "agent process exited")
+        elif isinstance(error, AcpRemoteError | AcpTimeout):
+            # The agent refused the prompt with an error (e.g. it no longer knows the session) or
+            # never answered it: reusing this binding would fail the same way turn after turn, so
+            # the next turn starts afresh (load with replay evidence, or cold resume).
+            await self._close_binding(binding, f"the prompt failed: {error}")
         elif binding.alive:
             self._schedule_eviction(binding)
         if outcome.status == "completed" or turn.assistant_text:
@@ -450,9 +473,12 @@ class AcpRuntime:
         error = prompt.exception() if not prompt.cancelled() else None
         if isinstance(error, AcpProcessExited):
             tail = (error.stderr_tail or "").strip()[-2000:]
+            how = f"exited with code {error.returncode}"
+            if error.returncode is not None and error.returncode < 0:
+                how += f" (killed by signal {_signal_name(-error.returncode)})"
             return TurnOutcome(
                 "failed",
-                f"the agent process exited with code {error.returncode}" + (f"; stderr: {tail}" if tail else ""),
+                f"the agent process {how}" + (f"; stderr: {tail}" if tail else ""),
                 {"exitCode": error.returncode},
             )
         if isinstance(error, AcpRemoteError):
@@ -564,6 +590,13 @@ class AcpSessionStrategy:
 
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         return await runtime.bind(turn)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
 
 
 def _safe_name(text: str) -> str:

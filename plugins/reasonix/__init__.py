@@ -1,12 +1,17 @@
 """Reasonix runtime: `reasonix acp`, an ACP agent over stdio.
 
-Reasonix reads `reasonix.toml` from its process directory. With `provider_base_url` set, the
-plugin runs it in a gateway-owned directory and writes that file there (an OpenAI-compatible
-provider); otherwise it runs in the workspace with whatever configuration the user keeps.
+Reasonix reads `./reasonix.toml` relative to the *session* directory (the workspace root given in
+`session/new`, not its process directory), then `$REASONIX_HOME/config.toml`. With
+`provider_base_url` set, the plugin runs it in a gateway-owned directory, gives it a gateway-owned
+`REASONIX_HOME` (`<process dir>/home` unless the section's `env` names one; its sessions live there
+too) and writes the provider into that `config.toml` (and a `reasonix.toml` in the process
+directory, for `reasonix doctor` run there); otherwise it runs in the workspace with whatever
+configuration the user keeps.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,7 +56,9 @@ def _toml_string(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def write_reasonix_toml(directory: Path, base_url: str, model: str, api_key_env: str) -> None:
+def write_reasonix_toml(
+    directory: Path, base_url: str, model: str, api_key_env: str, name: str = "reasonix.toml"
+) -> None:
     text = (
         "# Written by agent-gateway from its [reasonix] section; edits are overwritten.\n"
         'default_model = "gateway"\n\n'
@@ -62,7 +69,8 @@ def write_reasonix_toml(directory: Path, base_url: str, model: str, api_key_env:
         f"model = {_toml_string(model or 'default')}\n"
         f"api_key_env = {_toml_string(api_key_env)}\n"
     )
-    (directory / "reasonix.toml").write_text(text, encoding="utf-8")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(text, encoding="utf-8")
 
 
 @hookimpl
@@ -78,13 +86,17 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
     process_dir = config.data_dir / "runtimes" / "reasonix" if section["process_dir"] == "gateway" else None
     prepare = None
     env = {k: str(v) for k, v in section["env"].items()}
-    if section["provider_base_url"]:
-        env.setdefault(section["provider_api_key_env"], env.get(section["provider_api_key_env"], "unused"))
+    if section["provider_base_url"] and process_dir is not None:
+        # The key variable must be set (Reasonix refuses a provider without it): keep the gateway's own.
+        env.setdefault(section["provider_api_key_env"], os.environ.get(section["provider_api_key_env"], "unused"))
+        # Reasonix looks for ./reasonix.toml in the session's directory (the workspace), not in its
+        # process directory: the provider must be in the user-level config.toml to apply there.
+        reasonix_home = Path(env.setdefault("REASONIX_HOME", str(process_dir / "home"))).expanduser()
 
         def prepare(directory: Path) -> None:
-            write_reasonix_toml(
-                directory, section["provider_base_url"], section["provider_model"], section["provider_api_key_env"]
-            )
+            provider = (section["provider_base_url"], section["provider_model"], section["provider_api_key_env"])
+            write_reasonix_toml(directory, *provider)
+            write_reasonix_toml(reasonix_home, *provider, name="config.toml")
 
     spec = AcpAgentSpec(
         agent_id="reasonix",

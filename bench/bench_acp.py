@@ -1,0 +1,299 @@
+"""ACP benchmarks: the gateway's cost over a bare ACP client, and second-turn latency by session mode.
+
+    python bench/bench_acp.py flood [--chunks 10000] [--repeat 5]
+    python bench/bench_acp.py turns [--agent reasonix --agent hermes] [--repeat 3]
+    python bench/bench_acp.py all
+
+`flood`: one turn of N message chunks from the fake ACP agent (`python -m contrib.fake_acp_agents
+--behaviour flood`, prompt "flood N"), read (a) by a bare `gateway.acp.AcpProcess` and (b) through a
+gateway process (journalled, streamed to one SSE client in this process). Both on a warm agent
+process (the first turn, which starts it, is not timed); the figure is the median turn time.
+
+`turns`: the latency of a turn with the real Reasonix / Hermes (installed by contrib/peers/install.sh)
+on a fake LLM, by how the gateway found the agent session: `native_live` (the next turn on a live
+binding), `loaded` (the first turn after a gateway restart on the same data dir: process start,
+`session/load`, prompt) and `fresh` (the first turn of a new gateway data dir and agent home:
+process start, `session/new`, prompt). Medians, and ratios against `native_live`.
+
+Every ratio compares figures measured in the same run on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from contrib.fake_openai import FakeOpenAI, Reply  # noqa: E402
+from gateway.acp.client import AcpProcess  # noqa: E402
+
+FAKE_AGENT = [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", "flood"]
+BINARIES = {"reasonix": ("REASONIX_BIN", "reasonix"), "hermes": ("HERMES_ACP_BIN", "hermes-acp")}
+
+
+def fake_agent_env(state_dir: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "FAKE_ACP_STATE_DIR": state_dir}
+
+
+# -- 1. flood: gateway vs bare ACP client --------------------------------------------------------
+
+
+async def bare_client(chunks: int, repeat: int) -> list[float]:
+    received: list[int] = [0]
+
+    def on_update(session_id: str, update: dict[str, Any]) -> None:
+        if update.get("sessionUpdate") == "agent_message_chunk":
+            received[0] += len(update.get("content", {}).get("text", ""))
+
+    times = []
+    with tempfile.TemporaryDirectory() as state:
+        async with AcpProcess(FAKE_AGENT, env=fake_agent_env(state), cwd=str(ROOT), on_update=on_update) as agent:
+            await agent.initialize(timeout=60)
+            session_id = await agent.new_session(state, [], timeout=60)
+            await agent.prompt(session_id, [{"type": "text", "text": "flood 10"}], timeout=60)  # warm-up
+            for _ in range(repeat):
+                received[0] = 0
+                start = time.perf_counter()
+                result = await agent.prompt(session_id, [{"type": "text", "text": f"flood {chunks}"}], timeout=600)
+                times.append(time.perf_counter() - start)
+                assert result.get("stopReason") == "end_turn", result
+                assert received[0] == chunks, (received[0], chunks)
+    return times
+
+
+def serve_flood(data_dir: str, state_dir: str) -> None:
+    """A gateway process with the fake flood agent as ACP runtime `flood` (the `serve-flood` mode)."""
+    from aiohttp import web
+
+    from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+    from gateway.app import create_app
+    from gateway.config import Config
+    from gateway.plugins import PluginHost
+    from hookspecs import hookimpl
+
+    class FloodPlugin:
+        @hookimpl
+        def register_runtimes(self, register: Any, config: Any) -> None:
+            spec = AcpAgentSpec("flood", "Flood", "fake", FAKE_AGENT, env=fake_agent_env(state_dir), process_dir=ROOT)
+            register(AcpRuntime(spec))
+
+        @hookimpl
+        def session_strategy(self, runtime: Any, config: Any) -> Any:
+            return AcpSessionStrategy() if runtime.agent_id == "flood" else None
+
+    async def main() -> None:
+        overrides = {"gateway": {"data_dir": data_dir}, "reasonix": {"enabled": False}, "hermes": {"enabled": False}}
+        config = Config.load(None, env={}, overrides=overrides)
+        app = create_app(config, PluginHost.load(env={}, extra=(FloodPlugin(),)))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        print(f"http://127.0.0.1:{port}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+async def gateway_turn(http: aiohttp.ClientSession, url: str, agent: str, session_id: str, message: str) -> dict:
+    """POST a run and read its SSE stream to the end: elapsed time, text received, the receipt."""
+    body = {"requestId": uuid.uuid4().hex, "agentId": agent, "sessionId": session_id, "message": message}
+    start = time.perf_counter()
+    async with http.post(f"{url}/v1/runs", json=body) as response:
+        assert response.status == 201, await response.text()
+        run_id = (await response.json())["hostRunId"]
+    text: list[str] = []
+    events = 0
+    last_kind = ""
+    async with http.get(f"{url}/v1/runs/{run_id}/stream") as response:
+        kind = ""
+        async for raw in response.content:
+            line = raw.rstrip(b"\r\n")
+            if line.startswith(b"event: "):
+                kind = line[7:].decode()
+            elif line.startswith(b"data: "):
+                events += 1
+                last_kind = kind
+                if kind == "message.delta":
+                    text.append(json.loads(line[6:])["payload"]["text"])
+    elapsed = time.perf_counter() - start
+    async with http.get(f"{url}/v1/runs/{run_id}") as response:
+        receipt = await response.json()
+    return {"elapsed": elapsed, "text": "".join(text), "events": events, "last": last_kind, "receipt": receipt}
+
+
+async def through_gateway(url: str, chunks: int, repeat: int) -> tuple[list[float], list[int]]:
+    times, events = [], []
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        await gateway_turn(http, url, "flood", "bench", "flood 10")  # starts the agent process
+        for _ in range(repeat):
+            turn = await gateway_turn(http, url, "flood", "bench", f"flood {chunks}")
+            assert turn["last"] == "run.completed", turn["receipt"]
+            assert turn["receipt"]["sessionMode"] == "native_live", turn["receipt"]
+            assert len(turn["text"]) == chunks, (len(turn["text"]), chunks)
+            times.append(turn["elapsed"])
+            events.append(turn["events"])
+    return times, events
+
+
+def bench_flood(chunks: int, repeat: int) -> None:
+    bare = asyncio.run(bare_client(chunks, repeat))
+    with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as state_dir:
+        server = subprocess.Popen(
+            [sys.executable, __file__, "serve-flood", data_dir, state_dir],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert server.stdout is not None
+            url = server.stdout.readline().strip()
+            gateway, events = asyncio.run(through_gateway(url, chunks, repeat))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    bare_median, gateway_median = statistics.median(bare), statistics.median(gateway)
+    print(f"== flood: one turn of {chunks} chunks, fake ACP agent, median of {repeat} (warm process)")
+    print(f"bare AcpProcess client:           {bare_median:.3f} s  ({chunks / bare_median:,.0f} chunks/s)")
+    print(
+        f"gateway, journalled, 1 SSE client: {gateway_median:.3f} s  ({chunks / gateway_median:,.0f} chunks/s; "
+        f"{min(events)}-{max(events)} SSE events per turn)"
+    )
+    print(f"ratio gateway/bare: {gateway_median / bare_median:.2f}")
+
+
+# -- 2. second-turn latency by session mode, real agents -------------------------------------------
+
+
+def agent_binary(agent: str) -> str:
+    variable, name = BINARIES[agent]
+    peers = os.environ.get("AGENT_GATEWAY_PEERS_DIR") or str(Path.home() / ".cache" / "agent-gateway" / "peers")
+    path = os.environ.get(variable) or os.path.join(peers, "bin", name)
+    if not os.access(path, os.X_OK):
+        sys.exit(f"{agent}: no executable at {path}; run contrib/peers/install.sh first")
+    return path
+
+
+def agent_overrides(agent: str, base_url: str, home: Path, data_dir: Path) -> dict[str, dict[str, Any]]:
+    section: dict[str, Any] = {"env": {"HOME": str(home)}, "provider_base_url": base_url, "provider_model": "m"}
+    if agent == "reasonix":
+        section["command"] = [agent_binary(agent), "acp"]
+    else:
+        section["command"] = [agent_binary(agent)]
+        section["hermes_home"] = str(home / "hermes")
+    other = "hermes" if agent == "reasonix" else "reasonix"
+    return {"gateway": {"data_dir": str(data_dir)}, agent: section, other: {"enabled": False}}
+
+
+class Gateway:
+    """A gateway app on a real socket in this process."""
+
+    def __init__(self, overrides: dict[str, dict[str, Any]]) -> None:
+        from gateway.app import create_app
+        from gateway.config import Config
+        from gateway.plugins import PluginHost
+
+        self.app = create_app(Config.load(None, env={}, overrides=overrides), PluginHost.load(env={}))
+
+    async def __aenter__(self) -> str:
+        from aiohttp import web
+
+        self.runner = web.AppRunner(self.app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.runner.cleanup()  # closes the runtimes: the agent processes end
+
+
+async def timed_turn(http: aiohttp.ClientSession, url: str, agent: str, session: str, message: str, mode: str) -> float:
+    turn = await gateway_turn(http, url, agent, session, message)
+    receipt = turn["receipt"]
+    assert turn["last"] == "run.completed", receipt
+    assert receipt["sessionMode"] == mode, (receipt["sessionMode"], mode, receipt.get("error"))
+    return float(turn["elapsed"])
+
+
+async def bench_agent(agent: str, repeat: int) -> dict[str, list[float]]:
+    results: dict[str, list[float]] = {"native_live": [], "loaded": [], "fresh": []}
+    fake = FakeOpenAI(default=lambda body: Reply(text="Short answer." if body.get("stream") else "A title"))
+    await fake.start()
+    timeout = aiohttp.ClientTimeout(total=300)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            with tempfile.TemporaryDirectory() as tmp:
+                base = Path(tmp)
+                # fresh: a new data dir and agent home each time (process start, session/new, prompt).
+                for i in range(repeat):
+                    home, data = base / f"fresh-home-{i}", base / f"fresh-data-{i}"
+                    home.mkdir()
+                    async with Gateway(agent_overrides(agent, fake.base_url, home, data)) as url:
+                        results["fresh"].append(await timed_turn(http, url, agent, "s", "hello", "new_session"))
+                # native_live: later turns on the live binding; loaded: the first turn after a restart.
+                home, data = base / "home", base / "data"
+                home.mkdir()
+                config = agent_overrides(agent, fake.base_url, home, data)
+                async with Gateway(config) as url:
+                    await timed_turn(http, url, agent, "s", "hello", "new_session")
+                    for _ in range(repeat):
+                        results["native_live"].append(await timed_turn(http, url, agent, "s", "可以", "native_live"))
+                for _ in range(repeat):
+                    async with Gateway(config) as url:
+                        results["loaded"].append(await timed_turn(http, url, agent, "s", "可以", "loaded"))
+    finally:
+        await fake.stop()
+    return results
+
+
+def bench_turns(agents: list[str], repeat: int) -> None:
+    for agent in agents:
+        results = asyncio.run(bench_agent(agent, repeat))
+        live = statistics.median(results["native_live"])
+        print(f"== {agent}: turn latency by session mode, fake LLM, median of {repeat}")
+        for mode in ("native_live", "loaded", "fresh"):
+            median = statistics.median(results[mode])
+            runs = ", ".join(f"{t:.2f}" for t in results[mode])
+            print(f"{mode:12s} {median:7.3f} s  x{median / live:6.1f}   ({runs})")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "serve-flood":
+        serve_flood(sys.argv[2], sys.argv[3])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("which", choices=("flood", "turns", "all"))
+    parser.add_argument("--chunks", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=0, help="default: 5 for flood, 3 for turns")
+    parser.add_argument("--agent", action="append", choices=sorted(BINARIES), help="default: both")
+    args = parser.parse_args()
+    if args.which in ("flood", "all"):
+        bench_flood(args.chunks, args.repeat or 5)
+    if args.which in ("turns", "all"):
+        bench_turns(args.agent or sorted(BINARIES), args.repeat or 3)
+
+
+if __name__ == "__main__":
+    main()

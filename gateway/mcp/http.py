@@ -1,0 +1,148 @@
+"""``POST /v1/mcp``: the MCP server over streamable HTTP (JSON responses, no SSE).
+
+Authorisation is ``Authorization: Bearer <lease token>`` (see :mod:`gateway.mcp.leases`), *not*
+an actor token: the route must be left out of the actor auth middleware (``MCP_PATH`` in
+``gateway.app.PUBLIC_PATHS``). A token that is unknown or revoked, or that has no active run right
+now, gets **401** with a JSON-RPC error ``-32001`` in the body (one per request of a batch) and
+``WWW-Authenticate: Bearer``.
+
+- a request (or a batch holding one) → 200 ``application/json`` with the response (an array for
+  a batch);
+- only notifications / client responses → 202, empty body;
+- ``initialize`` → the response carries a fresh ``Mcp-Session-Id``; a later request naming a
+  session id this token was not given gets 404 (the client must initialize again); requests
+  without the header are accepted;
+- ``DELETE`` with ``Mcp-Session-Id`` ends that session (204); ``GET`` → 405 (no server-sent
+  stream is offered).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.mcp import MCP_PATH
+from gateway.mcp.leases import LeaseError, McpLeases
+from gateway.mcp.server import (
+    INVALID_REQUEST,
+    PARSE_ERROR,
+    UNAUTHORIZED,
+    McpServer,
+    error_response,
+    is_notification_only,
+    refusal,
+)
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.mcp.http")
+
+SESSION_HEADER = "Mcp-Session-Id"
+LEASES_SERVICE = "mcp_leases"
+SERVER_SERVICE = "mcp_server"
+
+
+def leases_of(gateway: Gateway) -> McpLeases:
+    """The gateway's lease registry (made on first use, kept in ``gateway.services``)."""
+    leases = gateway.services.get(LEASES_SERVICE)
+    if leases is None:
+        leases = McpLeases(gateway.tools.scope_for)
+        gateway.services[LEASES_SERVICE] = leases
+    return leases
+
+
+def server_of(gateway: Gateway) -> McpServer:
+    server = gateway.services.get(SERVER_SERVICE)
+    if server is None:
+        server = McpServer(gateway.tools)
+        gateway.services[SERVER_SERVICE] = server
+    return server
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps(body, ensure_ascii=False, default=str),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def bearer_token(request: web.Request) -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def _unauthorized(message: Any, text: str) -> web.Response:
+    body = refusal(message, UNAUTHORIZED, text) or error_response(None, UNAUTHORIZED, text)
+    return _json(body, 401, {"WWW-Authenticate": 'Bearer realm="agent-gateway-mcp"'})
+
+
+def _has_initialize(message: Any) -> bool:
+    items = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and m.get("method") == "initialize" and m.get("id") is not None for m in items)
+
+
+def setup(app: web.Application, gateway: Gateway) -> None:
+    """Add ``POST|GET|DELETE /v1/mcp`` to ``app`` (once: a second call is a no-op)."""
+    if any(getattr(r, "canonical", None) == MCP_PATH for r in app.router.resources()):
+        return
+
+    async def post(request: web.Request) -> web.StreamResponse:
+        leases = leases_of(gateway)
+        raw = await request.read()
+        try:
+            message: Any = json.loads(raw)
+        except ValueError:
+            message = None
+            parsed = False
+        else:
+            parsed = True
+        try:
+            lease = leases.lease(bearer_token(request))
+            scope = leases.scope_of(lease)
+        except LeaseError as exc:
+            return _unauthorized(message, exc.message)
+        if not parsed:
+            return _json(error_response(None, PARSE_ERROR, "the body is not valid JSON"), 400)
+        if not isinstance(message, dict | list):
+            return _json(error_response(None, INVALID_REQUEST, "the body must be a JSON-RPC object or array"), 400)
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is not None and session_id not in lease.sessions and not _has_initialize(message):
+            text = "unknown Mcp-Session-Id; send initialize again"
+            return _json(refusal(message, INVALID_REQUEST, text) or error_response(None, INVALID_REQUEST, text), 404)
+        response = await server_of(gateway).handle(message, scope)
+        if response is None or is_notification_only(message):
+            return web.Response(status=202)
+        headers: dict[str, str] = {}
+        if _has_initialize(message):
+            new_session = secrets.token_urlsafe(16)
+            lease.add_session(new_session)
+            headers[SESSION_HEADER] = new_session
+        return _json(response, 200, headers)
+
+    async def delete(request: web.Request) -> web.StreamResponse:
+        try:
+            lease = leases_of(gateway).lease(bearer_token(request))
+        except LeaseError as exc:
+            return _unauthorized(None, exc.message)
+        session_id = request.headers.get(SESSION_HEADER)
+        if session_id is None or session_id not in lease.sessions:
+            return _json(error_response(None, INVALID_REQUEST, "unknown Mcp-Session-Id"), 404)
+        del lease.sessions[session_id]
+        return web.Response(status=204)
+
+    async def get(request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            status=405, headers={"Allow": "POST, DELETE"}, text="no server-sent stream on this endpoint"
+        )
+
+    app.router.add_post(MCP_PATH, post)
+    app.router.add_delete(MCP_PATH, delete)
+    app.router.add_get(MCP_PATH, get, allow_head=False)

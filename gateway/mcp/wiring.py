@@ -1,0 +1,216 @@
+"""How agents are given the gateway's MCP server: ACP ``mcpServers`` entries and Pi's ``mcp.json``.
+
+Install for ACP runtimes with ``gateway.services["mcp_servers_for"] = mcp_servers_for(gateway)``;
+the gateway's own URL must be in ``gateway.services["base_url"]`` (set at start-up from the
+listening socket). :class:`gateway.acp.runtime.AcpRuntime` calls the provider at ``session/new``
+and ``session/load``; the entry it gets is
+
+- ``{"type": "http", "name": "gateway", "url": ".../v1/mcp", "headers": [Authorization]}`` when the
+  agent declared ``mcpCapabilities.http`` (``policy.mcp_http``), else
+- ``{"name": "gateway", "command": <python>, "args": ["-m", "gateway.mcp.bridge", "--url", ...,
+  "--token-env", "AGENT_GATEWAY_MCP_TOKEN"], "env": [{"name": "AGENT_GATEWAY_MCP_TOKEN", ...}]}``.
+
+The token is a lease held by the turn's ACP binding (see :mod:`gateway.mcp.leases`): calls are
+attributed to the binding's active run (``binding.turn``; while the binding is still being opened,
+the turn opening it), refused between runs, and the lease is revoked once the binding's process is
+gone. A runtime whose turn has no binding yet when it asks (Pi writes ``mcp.json`` while spawning)
+gets a *session* lease: attributed to the gateway session's running run of that agent, with the
+same pinned actor, workspace and roots (:func:`session_lease`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway.mcp import MCP_PATH, SERVER_NAME, TOKEN_ENV
+from gateway.mcp.http import leases_of
+from gateway.mcp.leases import Resolved, run_pin
+from gateway.models import Run
+from gateway.runtime import RuntimePolicy, Turn
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.mcp.wiring")
+
+BRIDGE_MODULE = "gateway.mcp.bridge"
+DESCRIPTION = "Agent Gateway tools (workspace files, receipts) for the current run"
+RUNNING_STATUSES = frozenset({"running", "awaiting_permission"})
+SESSION_LEASE_IDLE_SECONDS = 24 * 3600.0
+
+
+def bridge_command(base_url: str, token_env: str = TOKEN_ENV) -> tuple[str, list[str]]:
+    """The stdio bridge's command and args (this interpreter; no plugin loading on start)."""
+    return sys.executable, ["-m", BRIDGE_MODULE, "--url", base_url, "--token-env", token_env]
+
+
+def http_entry(base_url: str, token: str, name: str = SERVER_NAME) -> dict[str, Any]:
+    """An ACP ``McpServerHttp``."""
+    return {
+        "type": "http",
+        "name": name,
+        "url": base_url.rstrip("/") + MCP_PATH,
+        "headers": [{"name": "Authorization", "value": f"Bearer {token}"}],
+    }
+
+
+def stdio_entry(base_url: str, token: str, name: str = SERVER_NAME) -> dict[str, Any]:
+    """An ACP ``McpServerStdio`` running the bridge; the token travels in its environment."""
+    command, args = bridge_command(base_url.rstrip("/"))
+    return {"name": name, "command": command, "args": args, "env": [{"name": TOKEN_ENV, "value": token}]}
+
+
+def pi_mcp_json(base_url: str, token: str, *, http: bool = False, name: str = SERVER_NAME) -> dict[str, Any]:
+    """Pi 1.x's ``$PI_CODING_AGENT_DIR/mcp.json`` content serving the gateway's tools.
+
+    stdio (default): ``{"mcpServers": {"gateway": {"command", "args", "env": {TOKEN_ENV: token},
+    "exposure": "direct", "description"}}}``. ``http=True``: ``{"type": "http", "url", "headers":
+    {"Authorization": "Bearer ${AGENT_GATEWAY_MCP_TOKEN}"}, ...}`` — Pi expands ``${VAR}`` in
+    header values, so the token stays out of the file; give Pi ``AGENT_GATEWAY_MCP_TOKEN`` in its
+    environment then. Tools appear to Pi's model as ``mcp__gateway__<tool>``."""
+    entry: dict[str, Any]
+    if http:
+        entry = {
+            "type": "http",
+            "url": base_url.rstrip("/") + MCP_PATH,
+            "headers": {"Authorization": "Bearer ${" + TOKEN_ENV + "}"},
+        }
+    else:
+        command, args = bridge_command(base_url.rstrip("/"))
+        entry = {"command": command, "args": args, "env": {TOKEN_ENV: token}}
+    entry.update({"exposure": "direct", "description": DESCRIPTION})
+    return {"mcpServers": {name: entry}}
+
+
+def write_pi_mcp_json(agent_dir: Path, base_url: str, token: str, *, http: bool = False) -> Path:
+    """Write ``agent_dir/mcp.json`` atomically, readable by the owner only (it may hold a token)."""
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    path = agent_dir / "mcp.json"
+    fd, tmp = tempfile.mkstemp(dir=agent_dir, prefix=".mcp.json.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(pi_mcp_json(base_url, token, http=http), handle, indent=2)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def base_url_of(gateway: Gateway) -> str | None:
+    url = gateway.services.get("base_url")
+    return str(url).rstrip("/") if url else None
+
+
+def run_lease(gateway: Gateway, run: Run) -> str:
+    """A token good while ``run`` is active (for runtimes without live bindings, and tests)."""
+
+    def resolve() -> Resolved:
+        return None if run.is_terminal else run
+
+    return leases_of(gateway).issue(
+        ("run", run.host_run_id), resolve, alive=lambda: not run.is_terminal, pin=run_pin(run)
+    )
+
+
+def session_lease(gateway: Gateway, run: Run, *, idle_seconds: float = SESSION_LEASE_IDLE_SECONDS) -> str:
+    """A lease for an agent process that outlives runs but has no binding object yet when it is
+    given its MCP configuration (e.g. Pi writes ``mcp.json`` before its binding exists).
+
+    It is keyed by the gateway session (actor, session, agent) and the pinned scope (workspace,
+    allowed roots); each call is attributed to that session's run of this agent that is running
+    right now (runs of one session never run at the same time). Between runs calls are refused;
+    after ``idle_seconds`` without an active run the lease is revoked."""
+    pin = run_pin(run)
+    owner = (run.actor_id, run.session_id, run.agent_id)
+    last_active = [time.monotonic()]
+
+    def resolve() -> Resolved:
+        running = [
+            r
+            for r in gateway.runs.active_runs()
+            if (r.actor_id, r.session_id, r.agent_id) == owner and r.status in RUNNING_STATUSES and run_pin(r) == pin
+        ]
+        if len(running) != 1:
+            return None
+        last_active[0] = time.monotonic()
+        return running[0]
+
+    def alive() -> bool:
+        return time.monotonic() - last_active[0] < idle_seconds
+
+    return leases_of(gateway).issue(("session", *owner, pin), resolve, alive=alive, pin=pin)
+
+
+def lease_for(
+    gateway: Gateway,
+    key: Hashable,
+    resolve_active_run: Callable[[], Resolved],
+    *,
+    alive: Callable[[], bool] | None = None,
+    pin: tuple[str, str, tuple[str, ...]] | None = None,
+) -> str:
+    """A lease for any holder (e.g. a Pi process living across runs): see :meth:`McpLeases.issue`."""
+    return leases_of(gateway).issue(key, resolve_active_run, alive=alive, pin=pin)
+
+
+def binding_lease(gateway: Gateway, turn: Turn) -> str:
+    """The lease of ``turn``'s ACP binding (one per binding, kept while its process lives)."""
+    binding = turn.binding
+    if binding is None:
+        return session_lease(gateway, turn.run)
+    ref = weakref.ref(binding)
+    opening = weakref.ref(turn)  # the turn that opens (new/load) the session, before binding.turn is set
+
+    def alive() -> bool:
+        held = ref()
+        return held is not None and bool(getattr(held, "alive", True))
+
+    def resolve() -> Resolved:
+        held = ref()
+        if held is None or not getattr(held, "alive", True):
+            return None
+        current = getattr(held, "turn", None)
+        if current is None and getattr(held, "busy", False):
+            candidate = opening()
+            if candidate is not None and candidate.binding is held:
+                current = candidate
+        if current is None or current.run.is_terminal:
+            return None
+        run = current.run
+        model = (run.request.get("options") or {}).get("model")
+        return gateway.tools.scope_for(
+            run,
+            agent_session_id=getattr(held, "agent_session_id", None) or run.provider_run_id,
+            model=model if isinstance(model, str) and model else None,
+        )
+
+    return leases_of(gateway).issue(("binding", id(binding)), resolve, alive=alive, pin=run_pin(turn.run))
+
+
+def mcp_servers_for(gateway: Gateway) -> Callable[[Turn, RuntimePolicy], list[dict[str, Any]]]:
+    """The ``turn.services["mcp_servers_for"]`` provider for ACP runtimes."""
+
+    def provide(turn: Turn, policy: RuntimePolicy) -> list[dict[str, Any]]:
+        if not gateway.tools.tools:
+            return []
+        base_url = base_url_of(gateway)
+        if base_url is None:
+            log.warning("no gateway base_url in services: the agent gets no gateway MCP server")
+            return []
+        token = binding_lease(gateway, turn)
+        if policy.mcp_http:
+            return [http_entry(base_url, token)]
+        return [stdio_entry(base_url, token)]
+
+    return provide

@@ -1,0 +1,27 @@
+"""GET /v1/runs/{hostRunId}/receipts: the tool receipts of one run (the actor's own runs only)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+RECEIPTS_SCHEMA = "gateway.tool_receipts.v1"
+
+
+def setup(app: web.Application, gateway: Gateway) -> None:
+    async def list_receipts(request: web.Request) -> web.Response:
+        run = await gateway.runs.get(request.match_info["host_run_id"], request["actor"])
+        if run is None:
+            raise ApiError(404, "run_not_found", "no such run")
+        loop = asyncio.get_running_loop()
+        receipts = await loop.run_in_executor(gateway.executor, gateway.storage.list_receipts, run.host_run_id)
+        return web.json_response({"schema": RECEIPTS_SCHEMA, "hostRunId": run.host_run_id, "receipts": receipts})
+
+    app.router.add_get("/v1/runs/{host_run_id}/receipts", list_receipts)

@@ -1,0 +1,48 @@
+"""``GET /v1/workspaces/{workspaceId}/events``: the workspace's `files.changed` stream (SSE).
+
+Same framing as a run stream (``id: <seq>``, ``event: files.changed``, ``data: <event JSON>``,
+heartbeat comments), resumable with ``Last-Event-ID`` or ``?afterSeq=``. The stream has no
+terminal event: it stays open until the client leaves. Workspaces are the configured
+``[workspaces] roots``; an unknown id is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from gateway.errors import ApiError
+from gateway.models import parse_cursor
+from gateway.sse import stream_run
+from gateway.watcher import topic_for
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+
+def setup(app: web.Application, gateway: Gateway) -> None:
+    async def events(request: web.Request) -> web.StreamResponse:
+        workspace_id = request.match_info["workspace_id"]
+        watcher = gateway.watcher
+        if not watcher.knows(workspace_id):
+            raise ApiError(404, "workspace_not_found", f"no configured workspace {workspace_id!r}")
+        header = request.headers.get("Last-Event-ID")
+        name, raw = ("Last-Event-ID", header) if header else ("afterSeq", request.query.get("afterSeq"))
+        try:
+            after = parse_cursor(raw)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_cursor", f"{name}: {exc}") from exc
+        return await stream_run(
+            request,
+            topic=topic_for(workspace_id),
+            journal=gateway.journal,
+            bus=gateway.bus,
+            after_seq=after,
+            is_finished=lambda: False,
+            capacity=gateway.stream_capacity,
+            heartbeat=gateway.heartbeat,
+            stats=gateway.stream_stats,
+        )
+
+    app.router.add_get("/v1/workspaces/{workspace_id}/events", events)

@@ -1,0 +1,369 @@
+"""The workspace watcher: file changes under the allowed roots in use become `files.changed` events.
+
+When a run of a workspace starts, the watcher watches (watchfiles' ``awatch``: inotify, never a
+polling loop) the allowed roots of that workspace's active runs; when no run of the workspace
+has been active for ``linger_seconds`` it stops. Every batch of changes becomes
+
+    files.changed {workspaceId, changes: [{path, change: added|modified|deleted,
+                                           cause: "tool"|"external", receiptId?}]}
+
+on the journal of each active run of the workspace (only the changes inside that run's allowed
+roots) and on the workspace's own topic ``ws:<workspaceId>`` (all of them), which
+``GET /v1/workspaces/{workspaceId}/events`` streams like a run (``Last-Event-ID`` resumes it;
+the topic has no terminal event).
+
+Writes made through the tool facade are recognised, not reported as someone else's: the
+``tool_call_completed`` hook (registered by the watcher itself) records the path and the sha256
+it left; a change that matches is reported once with ``cause: "tool"`` and the call's
+``receiptId``. A change whose content is what was last reported for that path (a rename, a
+second inotify event of one write) is not reported again. The facade's own temporary files
+(``.ag-tmp-*``) are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from watchfiles import Change, awatch
+
+from gateway.models import Run
+from gateway.paths import allowed_roots_of
+from hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.watcher")
+
+TOPIC_PREFIX = "ws:"
+TMP_PREFIX = ".ag-tmp-"
+HASH_MAX_BYTES = 64 * 1024 * 1024
+ACTIVE = frozenset({"pending", "queued", "running", "awaiting_permission"})
+
+
+def topic_for(workspace_id: str) -> str:
+    return TOPIC_PREFIX + workspace_id
+
+
+def _probe(paths: Iterable[str]) -> dict[str, tuple[str | None, bool, bool]]:
+    """Per path: (sha256 or None, exists, is a directory). Runs on a worker thread."""
+    return {p: (_sha256(p), os.path.lexists(p), os.path.isdir(p)) for p in paths}
+
+
+def _sha256(path: str) -> str | None:
+    """The file's sha256, or None when it is gone, not a regular file, or too large to hash."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > HASH_MAX_BYTES:
+            return None
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except OSError:
+        return None
+
+
+def _inside(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
+
+
+@dataclass
+class FacadeWrite:
+    sha256: str
+    receipt_id: str
+    created: bool
+    expires: float
+
+
+@dataclass
+class _Watch:
+    workspace_id: str
+    roots: tuple[str, ...]
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class _FacadeHook:
+    """The `tool_call_completed` implementation that tells the watcher about facade writes."""
+
+    def __init__(self, watcher: Watcher) -> None:
+        self.watcher = watcher
+
+    @hookimpl
+    def tool_call_completed(self, call: Any, receipt: dict[str, Any]) -> None:
+        if not receipt.get("allowed") or call.write is None or call.path is None or call.after_version is None:
+            return
+        self.watcher.record_facade_write(
+            str(call.path.absolute), call.after_version.sha256, receipt["receiptId"], created=call.write.before is None
+        )
+
+
+class Watcher:
+    """Construct once per app (``Gateway.__init__``), ``await start()`` after the journal started,
+    ``await stop()`` before it closes."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        linger_seconds: float = 30.0,
+        facade_window_seconds: float = 30.0,
+        settle_seconds: float = 0.3,
+        debounce_ms: int = 400,
+        step_ms: int = 50,
+    ) -> None:
+        self.gateway = gateway
+        self.journal = gateway.journal
+        self.workspace_roots: dict[str, Path] = dict(gateway.config.workspace_roots)
+        self._real_roots = {ws: os.path.realpath(path) for ws, path in self.workspace_roots.items()}
+        self.linger = linger_seconds
+        self.facade_window = facade_window_seconds
+        self.settle = settle_seconds
+        self.debounce_ms = debounce_ms
+        self.step_ms = step_ms
+        self._watches: dict[str, _Watch] = {}
+        self._stop_timers: dict[str, asyncio.TimerHandle] = {}
+        self._facade: dict[str, list[FacadeWrite]] = {}
+        self._last_sha: dict[str, str | None] = {}
+        self._started = False
+        self._rewatched = asyncio.Event()
+        self.batches = 0
+        gateway.plugins.register(_FacadeHook(self), name="gateway.watcher")
+        gateway.runs.listeners.append(self._on_run)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open every configured workspace's topic after its last stored event."""
+        for workspace_id in self.workspace_roots:
+            topic = topic_for(workspace_id)
+            last = await self.journal.last_event(topic)
+            self.journal.open_run(topic, next_seq=(last.seq + 1) if last else 1)
+        self._started = True
+
+    async def stop(self) -> None:
+        self._started = False
+        for timer in self._stop_timers.values():
+            timer.cancel()
+        self._stop_timers.clear()
+        for workspace_id in list(self._watches):
+            await self._unwatch(workspace_id)
+
+    def knows(self, workspace_id: str) -> bool:
+        return workspace_id in self.workspace_roots
+
+    def watching(self, workspace_id: str) -> tuple[str, ...]:
+        """The directories watched for a workspace now (empty: not watched)."""
+        watch = self._watches.get(workspace_id)
+        return watch.roots if watch is not None else ()
+
+    async def ready(self, workspace_id: str, host_run_id: str | None = None, timeout: float = 10.0) -> None:
+        """Wait until the workspace is watched (inotify watches in place) — with ``host_run_id``,
+        until that run is active and every allowed root of it is covered."""
+        async with asyncio.timeout(timeout):
+            while True:
+                self._rewatched.clear()
+                watch = self._watches.get(workspace_id)
+                if watch is not None and self._covers(watch, workspace_id, host_run_id):
+                    await watch.ready.wait()
+                    if self._watches.get(workspace_id) is watch:
+                        return
+                    continue
+                await self._rewatched.wait()
+
+    def _covers(self, watch: _Watch, workspace_id: str, host_run_id: str | None) -> bool:
+        if host_run_id is None:
+            return True
+        run = next((r for r in self._active_runs(workspace_id) if r.host_run_id == host_run_id), None)
+        if run is None or run.status not in ("running", "awaiting_permission"):
+            return False
+        return all(any(_inside(root, w) for w in watch.roots) for root in self._run_roots(run))
+
+    # -- runs -----------------------------------------------------------------------------------------
+    def _active_runs(self, workspace_id: str) -> list[Run]:
+        return [r for r in self.gateway.runs.active_runs() if r.workspace_id == workspace_id and r.status in ACTIVE]
+
+    def _run_roots(self, run: Run) -> list[str]:
+        base = self.workspace_roots.get(run.workspace_id)
+        if base is None:
+            return []
+        roots = (run.request.get("context") or {}).get("allowedRoots") or []
+        return [str(r.absolute) for r in allowed_roots_of(base, [x for x in roots if isinstance(x, str)]) if r.absolute]
+
+    def _on_run(self, run: Run) -> None:
+        if not self._started or run.workspace_id not in self.workspace_roots:
+            return
+        workspace_id = run.workspace_id
+        active = self._active_runs(workspace_id)
+        if active:
+            timer = self._stop_timers.pop(workspace_id, None)
+            if timer is not None:
+                timer.cancel()
+            roots = set(self.watching(workspace_id))
+            for other in active:
+                roots.update(self._run_roots(other))
+            wanted = tuple(sorted(_outermost(roots)))
+            if wanted and wanted != self.watching(workspace_id):
+                self._rewatch(workspace_id, wanted)
+        elif workspace_id in self._watches and workspace_id not in self._stop_timers:
+            loop = asyncio.get_running_loop()
+            self._stop_timers[workspace_id] = loop.call_later(self.linger, self._linger_over, workspace_id)
+        self._rewatched.set()
+
+    def _linger_over(self, workspace_id: str) -> None:
+        self._stop_timers.pop(workspace_id, None)
+        if not self._active_runs(workspace_id):
+            task = asyncio.get_running_loop().create_task(self._unwatch(workspace_id))
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def _rewatch(self, workspace_id: str, roots: tuple[str, ...]) -> None:
+        old = self._watches.pop(workspace_id, None)
+        if old is not None:
+            old.stop.set()
+        watch = _Watch(workspace_id, roots)
+        self._watches[workspace_id] = watch
+        loop = asyncio.get_running_loop()
+        watch.task = loop.create_task(self._watch(watch), name=f"watch-{workspace_id}")
+        # The task's first step creates the inotify watches synchronously (watchfiles' RustNotify);
+        # callbacks run in order, so `ready` is set right after it.
+        loop.call_soon(watch.ready.set)
+        loop.call_soon(self._rewatched.set)
+
+    async def _unwatch(self, workspace_id: str) -> None:
+        watch = self._watches.pop(workspace_id, None)
+        if watch is None:
+            return
+        watch.stop.set()
+        if watch.task is not None:
+            try:
+                async with asyncio.timeout(5.0):
+                    await watch.task
+            except (TimeoutError, asyncio.CancelledError):
+                watch.task.cancel()
+            except Exception:
+                log.exception("watch of %s failed", workspace_id)
+
+    async def _watch(self, watch: _Watch) -> None:
+        try:
+            async for changes in awatch(
+                *watch.roots,
+                stop_event=watch.stop,
+                debounce=self.debounce_ms,
+                step=self.step_ms,
+                recursive=True,
+                force_polling=False,
+                ignore_permission_denied=True,
+            ):
+                try:
+                    await self._handle(watch.workspace_id, changes)
+                except Exception:
+                    log.exception("could not report changes in %s", watch.workspace_id)
+        except Exception:
+            log.exception("watching %s (%s) failed", watch.workspace_id, ", ".join(watch.roots))
+
+    # -- facade writes ------------------------------------------------------------------------------
+    def record_facade_write(self, absolute: str, sha256: str, receipt_id: str, created: bool = False) -> None:
+        now = time.monotonic()
+        entries = [e for e in self._facade.get(absolute, []) if e.expires > now]
+        entries.append(FacadeWrite(sha256, receipt_id, created, now + self.facade_window))
+        self._facade[absolute] = entries[-8:]
+        for path in [p for p, es in self._facade.items() if all(e.expires <= now for e in es)]:
+            del self._facade[path]
+
+    def _facade_match(self, absolute: str, sha: str | None) -> FacadeWrite | None:
+        if sha is None:
+            return None
+        now = time.monotonic()
+        for entry in reversed(self._facade.get(absolute, [])):
+            if entry.expires > now and entry.sha256 == sha:
+                return entry
+        return None
+
+    # -- changes ------------------------------------------------------------------------------------
+    async def _handle(self, workspace_id: str, raw: Iterable[tuple[Change, str]]) -> None:
+        base = self.workspace_roots.get(workspace_id)
+        if base is None:
+            return
+        base_real = self._real_roots.get(workspace_id) or str(base)
+        by_path: dict[str, set[Change]] = {}
+        for change, path in raw:
+            if os.path.basename(path).startswith(TMP_PREFIX):
+                continue
+            by_path.setdefault(path, set()).add(change)
+        if not by_path:
+            return
+        loop = asyncio.get_running_loop()
+        probed = await loop.run_in_executor(self.gateway.executor, _probe, list(by_path))
+        shas = {p: info[0] for p, info in probed.items()}
+        # A facade write is recorded just after its file is renamed into place: a change that does
+        # not match yet gets a moment for the hook to run before it is called external.
+        if any(self._facade_match(p, s) is None and s is not None for p, s in shas.items()):
+            await asyncio.sleep(self.settle)
+        changes: list[dict[str, Any]] = []
+        for path, kinds in sorted(by_path.items()):
+            sha, exists, is_dir = probed[path]
+            if is_dir:
+                continue  # directories: their files are reported
+            previous = self._last_sha.get(path, "<unknown>")
+            if exists and sha is not None and previous == sha:
+                continue  # already reported this content
+            if not exists and path in self._last_sha and previous is None:
+                continue  # already reported deleted
+            entry = self._facade_match(path, sha)
+            if not exists:
+                kind = "deleted"
+            elif entry is not None:
+                kind = "added" if entry.created else "modified"
+            elif Change.added in kinds and path not in self._last_sha:
+                kind = "added"
+            else:
+                kind = "modified"
+            self._last_sha[path] = sha if exists else None
+            rel = path[len(base_real) :].lstrip(os.sep).replace(os.sep, "/") if _inside(path, base_real) else path
+            item: dict[str, Any] = {"path": rel, "change": kind, "cause": "tool" if entry else "external"}
+            if entry is not None:
+                item["receiptId"] = entry.receipt_id
+            changes.append({"_abs": path, **item})
+        if not changes:
+            return
+        self.batches += 1
+        await self._publish(workspace_id, changes)
+
+    async def _publish(self, workspace_id: str, changes: list[dict[str, Any]]) -> None:
+        public = [{k: v for k, v in c.items() if k != "_abs"} for c in changes]
+        topic = topic_for(workspace_id)
+        if self.journal.is_open(topic):
+            await self.journal.append(
+                topic, "files.changed", {"workspaceId": workspace_id, "changes": public}, "watcher"
+            )
+        for run in self._active_runs(workspace_id):
+            roots = self._run_roots(run)
+            mine = [
+                {k: v for k, v in c.items() if k != "_abs"}
+                for c in changes
+                if any(_inside(c["_abs"], r) for r in roots)
+            ]
+            if mine and self.journal.is_open(run.host_run_id) and not self.journal.has_terminal(run.host_run_id):
+                with contextlib.suppress(KeyError):
+                    await self.journal.append(
+                        run.host_run_id, "files.changed", {"workspaceId": workspace_id, "changes": mine}, "watcher"
+                    )
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """Drop directories inside others (one recursive watch covers them)."""
+    out: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not any(_inside(path, kept) for kept in out):
+            out.append(path)
+    return out

@@ -1,0 +1,99 @@
+"""Pi-lab runtime plugin (agent id ``pi-lab``; entry point ``pi_lab = plugins.pi_lab``).
+
+Hosts ``pi --mode rpc`` (``@earendil-works/pi-coding-agent`` 1.x on Node ≥ 22) with its own agent
+directory (``<data_dir>/runtimes/pi/agent``: ``models.json``, ``mcp.json``) and a session
+directory per workspace and actor (``<data_dir>/runtimes/pi/sessions/<workspace>/<actor>``),
+never Pi's global ones. Pi runs with no built-in tools, no extensions but MCP, no context files
+and no project trust: the only tools it sees are the gateway's, through MCP. See docs/pi-lab.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import hookspecs
+from hookspecs import hookimpl
+from plugins.pi_lab.runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
+
+SECTION = "pi_lab"
+DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "command": ["pi"],
+    "env": {},
+    "provider_base_url": "",
+    "provider_model": "",
+    "provider_api_key": "",
+    "idle_seconds": 900.0,
+    "max_processes": 4,
+    "extra_args": [],
+    "mcp_servers": {},
+}
+
+__all__ = ["AGENT_ID", "DEFAULTS", "SECTION", "PiRuntime", "PiSessionStrategy", "PiSettings", "settings_from"]
+
+
+def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
+        problems.append(("command", "must be a non-empty list of strings"))
+    if not all(isinstance(p, str) for p in section["extra_args"]):
+        problems.append(("extra_args", "must be a list of strings"))
+    if section["idle_seconds"] <= 0:
+        problems.append(("idle_seconds", "must be positive"))
+    if section["max_processes"] < 1:
+        problems.append(("max_processes", "must be at least 1"))
+    for name, entry in section["mcp_servers"].items():
+        if not isinstance(entry, dict) or not (entry.get("command") or entry.get("url")):
+            problems.append((f"mcp_servers.{name}", "must be a table with `command` or `url` (Pi's mcp.json format)"))
+    return problems
+
+
+def settings_from(config: Any) -> PiSettings:
+    section = config.section(SECTION)
+    return PiSettings(
+        command=list(section["command"]),
+        env={k: str(v) for k, v in section["env"].items()},
+        root=config.data_dir / "runtimes" / "pi",
+        provider_base_url=section["provider_base_url"],
+        provider_model=section["provider_model"],
+        provider_api_key=section["provider_api_key"],
+        idle_seconds=float(section["idle_seconds"]),
+        extra_args=list(section["extra_args"]),
+        max_processes=int(section["max_processes"]),
+        mcp_servers=dict(section["mcp_servers"]),
+    )
+
+
+@hookimpl
+def config_sections(register: Callable[..., None]) -> None:
+    register(SECTION, DEFAULTS, _validate, "Pi over its RPC mode (`pi --mode rpc`).")
+
+
+@hookimpl
+def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
+    if not config.section(SECTION)["enabled"]:
+        return
+    settings = settings_from(config)
+    if settings.provider_base_url:
+        write_models_json(
+            settings.agent_dir, settings.provider_base_url, settings.provider_model, settings.provider_api_key
+        )
+    register(PiRuntime(settings))
+
+
+@hookimpl
+def session_strategy(runtime: Any, config: Any) -> Any:
+    if isinstance(runtime, PiRuntime):
+        return PiSessionStrategy()
+    return None
+
+
+if getattr(hookspecs, "routes", None) in getattr(hookspecs, "SPEC_MODULES", ()):
+    # Only where the core declares the `register_routes` hook (an unknown hook fails start-up).
+
+    @hookimpl
+    def register_routes(app: Any, gateway: Any) -> None:
+        from plugins.pi_lab.routes import setup
+
+        setup(app, gateway)

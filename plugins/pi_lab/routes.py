@@ -1,0 +1,46 @@
+"""``POST /v1/pi-lab/runs/{hostRunId}/steer`` and ``.../follow-up``: ``{"message": "..."}``.
+
+Served through the ``register_routes`` hook where the core has it. 202 with Pi's disposition when
+the message was queued into the running turn; 409 when the run is not running on Pi.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from gateway.errors import ApiError, read_json
+from plugins.pi_lab.rpc import PiError
+from plugins.pi_lab.runtime import AGENT_ID, PiRuntime
+
+
+def setup(app: web.Application, gateway: Any) -> None:
+    async def queue(request: web.Request, command: str) -> web.Response:
+        runtime = gateway.runtimes.get(AGENT_ID)
+        if not isinstance(runtime, PiRuntime):
+            raise ApiError(404, "unknown_agent", "pi-lab is not enabled")
+        host_run_id = request.match_info["host_run_id"]
+        run = await gateway.runs.get(host_run_id, request["actor"])
+        if run is None:
+            raise ApiError(404, "run_not_found", "no such run")
+        body = await read_json(request)
+        message = body.get("message") if isinstance(body, dict) else None
+        if not isinstance(message, str) or not message.strip():
+            raise ApiError(400, "invalid_request", "message must be a non-empty string")
+        try:
+            data = await (runtime.steer if command == "steer" else runtime.follow_up)(host_run_id, message)
+        except LookupError as exc:
+            raise ApiError(409, "run_not_running", str(exc)) from exc
+        except PiError as exc:
+            raise ApiError(409, "pi_refused", str(exc)) from exc
+        return web.json_response({"hostRunId": host_run_id, "command": command, **data}, status=202)
+
+    async def steer(request: web.Request) -> web.Response:
+        return await queue(request, "steer")
+
+    async def follow_up(request: web.Request) -> web.Response:
+        return await queue(request, "follow_up")
+
+    app.router.add_post("/v1/pi-lab/runs/{host_run_id}/steer", steer)
+    app.router.add_post("/v1/pi-lab/runs/{host_run_id}/follow-up", follow_up)

@@ -1,0 +1,308 @@
+"""The workspace watcher: inotify (watchfiles) → `files.changed` on runs and on the workspace stream.
+
+Checked: an external write inside a run's allowed roots is reported once (cause `external`) on the
+active run and on `GET /v1/workspaces/{id}/events`; a write through the tool facade is reported
+once with cause `tool` and its receipt id; changes outside the allowed roots are not reported;
+the workspace stream resumes with Last-Event-ID, also across a gateway restart; watching stops
+when no run of the workspace is active. Every wait is bounded; writes are synchronised on events
+(a later "sentinel" change), never on sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from contrib.fake_openai import FakeOpenAI, Reply
+from gateway.app import GATEWAY_KEY, create_app
+from gateway.config import Config
+from gateway.plugins import PluginHost
+from gateway.routes import workspaces
+from gateway.watcher import Watcher
+from tests.conftest import WAIT, gateway_of, sse_events
+
+WS = "local:ws"
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    (root / "notes").mkdir(parents=True)
+    (root / "other").mkdir()
+    (root / "notes" / "page.md").write_text("alpha\nbeta\n", encoding="utf-8")
+    return root
+
+
+Start = Callable[..., Awaitable[TestClient]]
+
+
+@pytest.fixture
+async def start(fake_llm: FakeOpenAI, workspace: Path, tmp_path: Path) -> AsyncIterator[Start]:
+    """A gateway with the watcher (wired here when app.py does not wire it yet)."""
+    clients: list[TestClient] = []
+
+    async def factory(data_dir: Path | None = None, linger: float = 30.0) -> TestClient:
+        config = Config.load(
+            None,
+            env={},
+            overrides={
+                "gateway": {"data_dir": str(data_dir or tmp_path / "gw")},
+                "chat_only": {"base_url": fake_llm.base_url, "model": "m"},
+                "workspaces": {"roots": {WS: str(workspace)}},
+                "reasonix": {"enabled": False},
+                "hermes": {"enabled": False},
+                "pi_lab": {"enabled": False},
+            },
+        )
+        app = create_app(config, PluginHost.load(env={}))
+        gateway = app[GATEWAY_KEY]
+        if not hasattr(gateway, "watcher"):
+            gateway.watcher = Watcher(gateway)
+
+            async def on_start(_app: Any) -> None:
+                await gateway.watcher.start()
+
+            async def on_stop(_app: Any) -> None:
+                await gateway.watcher.stop()
+
+            app.on_startup.append(on_start)
+            app.on_cleanup.insert(0, on_stop)
+        if not any(
+            getattr(r, "resource", None) and "/v1/workspaces/" in r.resource.canonical for r in app.router.routes()
+        ):
+            workspaces.setup(app, gateway)
+        gateway.watcher.linger = linger
+        client = TestClient(TestServer(app))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    try:
+        yield factory
+    finally:
+        for client in reversed(clients):
+            await client.close()
+
+
+def run_body(roots: list[str], workspace_id: str = WS) -> dict[str, Any]:
+    return {
+        "requestId": "req-" + uuid.uuid4().hex[:10],
+        "agentId": "chat-only",
+        "sessionId": "s-" + uuid.uuid4().hex[:10],
+        "workspaceId": workspace_id,
+        "message": "keep going",
+        "context": {"allowedRoots": roots},
+    }
+
+
+async def active_run(client: TestClient, fake: FakeOpenAI, roots: list[str]) -> str:
+    """A chat-only run that stays `running` (its model call hangs) until cancelled."""
+    fake.add(Reply(text="thinking", hang=True))
+    created = await (await client.post("/v1/runs", json=run_body(roots))).json()
+    await gateway_of(client).watcher.ready(WS, created["hostRunId"], timeout=WAIT)
+    return str(created["hostRunId"])
+
+
+class Stream:
+    """One SSE connection read in the background; `until(pred)` waits (bounded) for an event."""
+
+    def __init__(self, client: TestClient, path: str, headers: dict[str, str] | None = None) -> None:
+        self.client, self.path, self.headers = client, path, headers or {}
+        self.events: list[dict[str, Any]] = []
+        self._new = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Stream:
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _read(self) -> None:
+        async with self.client.get(self.path, headers=self.headers) as response:
+            assert response.status == 200, await response.text()
+            async for event in sse_events(response):
+                self.events.append(event)
+                self._new.set()
+
+    async def until(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = WAIT) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while True:
+                for event in self.events:
+                    if predicate(event):
+                        return event
+                self._new.clear()
+                await self._new.wait()
+
+    def changes(self) -> list[dict[str, Any]]:
+        return [c for e in self.events if e["event"] == "files.changed" for c in e["data"]["payload"]["changes"]]
+
+
+def changed(path: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: e["event"] == "files.changed" and any(c["path"] == path for c in e["data"]["payload"]["changes"])
+
+
+async def write(path: Path, text: str) -> None:
+    await asyncio.to_thread(path.write_text, text, "utf-8")
+
+
+async def test_external_write_is_reported_once_on_the_run_and_the_workspace(
+    start: Start, fake_llm: FakeOpenAI, workspace: Path
+) -> None:
+    client = await start()
+    run_id = await active_run(client, fake_llm, ["notes/"])
+    async with (
+        Stream(client, f"/v1/runs/{run_id}/stream") as run_stream,
+        Stream(client, f"/v1/workspaces/{WS}/events") as ws_stream,
+    ):
+        await write(workspace / "notes" / "new.md", "hello")
+        await write(workspace / "other" / "secret.md", "not yours")  # outside the allowed roots
+        event = await run_stream.until(changed("notes/new.md"))
+        change = next(c for c in event["data"]["payload"]["changes"] if c["path"] == "notes/new.md")
+        assert change == {"path": "notes/new.md", "change": "added", "cause": "external"}
+        assert event["data"]["source"] == "watcher" and event["data"]["payload"]["workspaceId"] == WS
+        await ws_stream.until(changed("notes/new.md"))
+        # A later change (the sentinel) proves the earlier one was not reported again.
+        await write(workspace / "notes" / "page.md", "alpha\nbeta\ngamma\n")
+        await run_stream.until(changed("notes/page.md"))
+        await ws_stream.until(changed("notes/page.md"))
+        for stream in (run_stream, ws_stream):
+            paths = [c["path"] for c in stream.changes()]
+            assert paths.count("notes/new.md") == 1, paths
+            assert not any(p.startswith("other/") for p in paths), paths
+            page = next(c for c in stream.changes() if c["path"] == "notes/page.md")
+            assert page["change"] == "modified" and page["cause"] == "external"
+        await asyncio.to_thread((workspace / "notes" / "new.md").unlink)
+        deleted = await run_stream.until(
+            lambda e: (
+                changed("notes/new.md")(e) and any(c["change"] == "deleted" for c in e["data"]["payload"]["changes"])
+            )
+        )
+        assert deleted
+    await client.post(f"/v1/runs/{run_id}/cancel")
+
+
+async def test_facade_write_is_reported_once_with_its_receipt(
+    start: Start, fake_llm: FakeOpenAI, workspace: Path
+) -> None:
+    client = await start()
+    gw = gateway_of(client)
+    run_id = await active_run(client, fake_llm, ["notes/"])
+    run = await gw.runs.get(run_id, "local")
+    assert run is not None
+    scope = gw.tools.scope_for(run)
+    async with (
+        Stream(client, f"/v1/runs/{run_id}/stream") as run_stream,
+        Stream(client, f"/v1/workspaces/{WS}/events") as ws_stream,
+    ):
+        created = await gw.tools.call("workspace.write_file", {"path": "notes/made.md", "text": "by tool\n"}, scope)
+        patched = await gw.tools.call(
+            "workspace.patch_file", {"path": "notes/page.md", "edits": [{"search": "beta", "replace": "BETA"}]}, scope
+        )
+        for stream in (run_stream, ws_stream):
+            made = await stream.until(changed("notes/made.md"))
+            page = await stream.until(changed("notes/page.md"))
+            made_change = next(c for c in made["data"]["payload"]["changes"] if c["path"] == "notes/made.md")
+            page_change = next(c for c in page["data"]["payload"]["changes"] if c["path"] == "notes/page.md")
+            assert made_change == {
+                "path": "notes/made.md",
+                "change": "added",
+                "cause": "tool",
+                "receiptId": created["receiptId"],
+            }
+            assert page_change == {
+                "path": "notes/page.md",
+                "change": "modified",
+                "cause": "tool",
+                "receiptId": patched["receiptId"],
+            }
+        # The sentinel: an external change after the tool writes.
+        await write(workspace / "notes" / "after.md", "x")
+        for stream in (run_stream, ws_stream):
+            await stream.until(changed("notes/after.md"))
+            paths = [c["path"] for c in stream.changes()]
+            assert paths.count("notes/made.md") == 1 and paths.count("notes/page.md") == 1, paths
+            assert not any(p.rsplit("/", 1)[-1].startswith(".ag-tmp-") for p in paths)
+        # The facade's own events are there too, and the watcher names the same receipt.
+        tool_done = await run_stream.until(lambda e: e["event"] == "tool.completed")
+        assert tool_done["data"]["payload"]["receiptId"] == created["receiptId"]
+    await client.post(f"/v1/runs/{run_id}/cancel")
+
+
+async def test_runs_only_see_their_allowed_roots(start: Start, fake_llm: FakeOpenAI, workspace: Path) -> None:
+    client = await start()
+    notes_run = await active_run(client, fake_llm, ["notes/"])
+    other_run = await active_run(client, fake_llm, ["other/"])
+    async with (
+        Stream(client, f"/v1/runs/{notes_run}/stream") as notes,
+        Stream(client, f"/v1/runs/{other_run}/stream") as other,
+        Stream(client, f"/v1/workspaces/{WS}/events") as ws,
+    ):
+        await write(workspace / "other" / "o.md", "o")
+        await other.until(changed("other/o.md"))
+        await write(workspace / "notes" / "n.md", "n")
+        await notes.until(changed("notes/n.md"))
+        await ws.until(changed("notes/n.md"))
+        await write(workspace / "other" / "o2.md", "o2")  # sentinel for the other run
+        await other.until(changed("other/o2.md"))
+        assert all(c["path"].startswith("notes/") for c in notes.changes()), notes.changes()
+        assert all(c["path"].startswith("other/") for c in other.changes()), other.changes()
+        assert {c["path"] for c in ws.changes()} >= {"other/o.md", "notes/n.md"}
+    for run_id in (notes_run, other_run):
+        await client.post(f"/v1/runs/{run_id}/cancel")
+
+
+async def test_workspace_stream_resumes_with_last_event_id_across_restarts(
+    start: Start, fake_llm: FakeOpenAI, workspace: Path, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "gw-data"
+    client = await start(data_dir=data_dir)
+    run_id = await active_run(client, fake_llm, ["notes/"])
+    async with Stream(client, f"/v1/workspaces/{WS}/events") as ws:
+        await write(workspace / "notes" / "one.md", "1")
+        first = await ws.until(changed("notes/one.md"))
+        await write(workspace / "notes" / "two.md", "2")
+        second = await ws.until(changed("notes/two.md"))
+    async with Stream(client, f"/v1/workspaces/{WS}/events", {"Last-Event-ID": first["id"]}) as resumed:
+        again = await resumed.until(lambda e: e["event"] == "files.changed")
+        assert again["id"] == second["id"], "resumed right after the given event, with no gap"
+        assert int(first["id"]) not in [int(e["id"]) for e in resumed.events]
+    await client.post(f"/v1/runs/{run_id}/cancel")
+    await client.close()
+
+    client2 = await start(data_dir=data_dir)
+    run2 = await active_run(client2, fake_llm, ["notes/"])
+    async with Stream(client2, f"/v1/workspaces/{WS}/events", {"Last-Event-ID": second["id"]}) as after_restart:
+        await write(workspace / "notes" / "three.md", "3")
+        third = await after_restart.until(changed("notes/three.md"))
+        assert int(third["id"]) > int(second["id"]), "seqs continue after a restart, never reused"
+        assert not any(changed("notes/one.md")(e) for e in after_restart.events)
+    await client2.post(f"/v1/runs/{run2}/cancel")
+
+
+async def test_watching_stops_when_no_run_of_the_workspace_is_active(
+    start: Start, fake_llm: FakeOpenAI, workspace: Path
+) -> None:
+    client = await start(linger=0.05)
+    gw = gateway_of(client)
+    assert gw.watcher.watching(WS) == ()
+    run_id = await active_run(client, fake_llm, ["notes/"])
+    assert gw.watcher.watching(WS) == (str((workspace / "notes").resolve()),)
+    watch_task = gw.watcher._watches[WS].task
+    assert watch_task is not None
+    await client.post(f"/v1/runs/{run_id}/cancel")
+    await gw.runs.wait(run_id)
+    async with asyncio.timeout(WAIT):
+        await asyncio.gather(watch_task, return_exceptions=True)  # ends once the linger is over
+    assert gw.watcher.watching(WS) == ()
+    response = await client.get("/v1/workspaces/nope/events")
+    assert response.status == 404
