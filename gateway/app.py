@@ -20,6 +20,7 @@ from gateway.mcp import http as mcp_http
 from gateway.mcp.wiring import mcp_servers_for
 from gateway.plugins import PluginError, PluginHost
 from gateway.routes import agents, metrics, receipts, runs, system, workspaces
+from gateway.routes import preferences as preferences_routes
 from gateway.runs import RunManager
 from gateway.runtime import Runtime
 from gateway.sse import StreamStats
@@ -175,6 +176,8 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     metrics.setup(app, gateway)
     workspaces.setup(app, gateway)
     mcp_http.setup(app, gateway)
+    preferences_routes.setup(app, gateway)
+    plugins.register_routes(app, gateway)
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     return app

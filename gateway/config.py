@@ -44,6 +44,8 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _validate_auth(section: dict[str, Any]) -> list[tuple[str, str]]:
     problems = []
+    if not all(isinstance(a, str) and a for a in section["admins"]):
+        problems.append(("admins", "must be a list of actor ids"))
     for token, actor in section["tokens"].items():
         if not isinstance(actor, str) or not actor:
             problems.append((f"tokens.{token[:4]}…", "must map a token to a non-empty actor id"))
@@ -80,7 +82,7 @@ CORE_SECTIONS = [
     ),
     SectionSpec(
         "auth",
-        {"tokens": {}},
+        {"tokens": {}, "admins": []},
         _validate_auth,
         "Bearer tokens mapped to actor ids. None: one local actor, loopback only.",
     ),

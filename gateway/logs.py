@@ -63,3 +63,5 @@ def configure(log_format: str = "auto", level: str = "info") -> None:
     root.addHandler(handler)
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # peewee logs SQL parameters at DEBUG: preference values (secrets) among them.
+    logging.getLogger("peewee").setLevel(max(logging.INFO, root.level))

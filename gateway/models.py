@@ -38,12 +38,12 @@ def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON. orjson when it can (the event path's hottest call), else json."""
     try:
         return orjson.dumps(value)
-    except TypeError:  # e.g. an int beyond 64 bits
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except TypeError:  # an int beyond 64 bits, a lone surrogate: ASCII escapes keep it valid UTF-8
+        return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str).encode()
 
 
 def dumps_str(text: str) -> str:
-    return orjson.dumps(text).decode()
+    return dumps(text).decode()
 
 
 def now_ms() -> int:

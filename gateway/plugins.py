@@ -145,6 +145,12 @@ class PluginHost:
         self.pm.hook.config_sections(register=lambda *a, **kw: sections.append((a, kw)))
         return sections
 
+    def register_routes(self, app: Any, gateway: Any) -> None:
+        self.pm.hook.register_routes(app=app, gateway=gateway)
+
+    def setting_fields(self, config: Any) -> list[Any]:
+        return self._collect(self.pm.hook.register_setting_fields, config=config)
+
     def register_commands(self, cli: Any) -> None:
         self.pm.hook.register_commands(cli=cli)
 

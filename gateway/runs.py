@@ -298,6 +298,7 @@ class RunManager:
             update_receipt=update_receipt,
         )
         active.turn = turn
+        await self._resolve_capabilities(run)
         if active.cancel_requested:  # a cancel that arrived before the turn existed
             turn.cancel_requested.set()
         strategy = self.strategies.get(run.agent_id) or TranscriptStrategy()
@@ -385,6 +386,15 @@ class RunManager:
             future.set_result(option_id)
         return active.run
 
+    async def _resolve_capabilities(self, run: Run) -> None:
+        """Which capabilities are off for this run, from the actor's preferences now."""
+        gateway, tools = self.services.get("gateway"), self.services.get("tools")
+        if gateway is None or tools is None:
+            return
+        from gateway.preferences import disabled_capabilities_for
+
+        tools.disabled_by_run[run.host_run_id] = await disabled_capabilities_for(gateway, run.actor_id, run.agent_id)
+
     async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
         record = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {
             "sessionId": run.session_id,
@@ -441,6 +451,8 @@ class RunManager:
             log.exception("could not store the end of run %s; it will be repaired on read", run.host_run_id)
         finally:
             self._active.pop(run.host_run_id, None)
+            if self.services.get("tools") is not None:
+                self.services["tools"].disabled_by_run.pop(run.host_run_id, None)
             self.journal.forget_run(run.host_run_id)
             active.done.set()
             for listener in self.listeners:

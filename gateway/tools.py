@@ -378,6 +378,8 @@ class ToolFacade:
         self.journal = journal
         self.workspace_roots = dict(workspace_roots or {})
         self._tools: dict[str, Tool] = {}
+        # Re-resolved on the server when each run starts, whatever a client cached.
+        self.disabled_by_run: dict[str, frozenset[str]] = {}
         for tool in tools:
             if not isinstance(tool, Tool):
                 raise TypeError(f"register_tools: expected a gateway.tools.Tool, got {type(tool).__name__}")
@@ -392,7 +394,9 @@ class ToolFacade:
         return dict(self._tools)
 
     def scope_for(self, run: Run, **kwargs: Any) -> RunScope:
-        """A :class:`RunScope` for ``run`` with the configured workspace directories."""
+        """A :class:`RunScope` for ``run`` with the configured workspace directories and the
+        capabilities the run manager resolved as disabled when the run started."""
+        kwargs.setdefault("disabled_capabilities", self.disabled_by_run.get(run.host_run_id, frozenset()))
         return RunScope.for_run(run, self.workspace_roots, **kwargs)
 
     def _enabled(self, tool: Tool, scope: RunScope) -> bool:

@@ -16,13 +16,15 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 from hookspecs import (  # noqa: E402  (the markers above must exist first)
     config,
+    descriptors,
     projection,
+    routes,
     runtime,
     session,
     storage,
     tools,
 )
 
-SPEC_MODULES = (runtime, session, tools, storage, projection, config)
+SPEC_MODULES = (runtime, session, tools, storage, projection, config, routes, descriptors)
 
 __all__ = ["PROJECT_NAME", "SPEC_MODULES", "hookimpl", "hookspec"]

@@ -603,6 +603,45 @@ def test_builtin_defaults_are_trylast() -> None:
 # -- the contract stays documented and tested -------------------------------------------------------
 
 
+async def test_register_routes_serves_a_plugin_route_behind_actor_auth(make_gateway: Any) -> None:
+    class Hello:
+        @hookimpl
+        def register_routes(self, app: Any, gateway: Any) -> None:
+            async def hello(request: Any) -> Any:
+                from aiohttp import web
+
+                return web.json_response({"actor": request["actor"], "agents": sorted(gateway.runtimes)})
+
+            app.router.add_get("/v1/hello", hello)
+
+    client = await make_gateway(extra_plugins=(Hello(),), tokens={"tok-alice-0123456789": "alice"})
+    assert (await client.get("/v1/hello")).status == 401  # authenticated like every core route
+    response = await client.get("/v1/hello", headers={"Authorization": "Bearer tok-alice-0123456789"})
+    assert response.status == 200
+    body = await response.json()
+    assert body["actor"] == "alice" and "chat-only" in body["agents"]
+
+
+async def test_register_setting_fields_appear_in_descriptors_and_validate_preferences(make_gateway: Any) -> None:
+    class Tone:
+        @hookimpl
+        def register_setting_fields(self, register: Callable[[dict[str, Any]], None], config: Any) -> None:
+            register({"key": "ai.agent.*.tone", "label": "Tone", "kind": "select", "default": "plain",
+                      "options": ["plain", "formal"]})
+
+    client = await make_gateway(extra_plugins=(Tone(),))
+    agents = (await (await client.get("/v1/agents")).json())["agents"]
+    chat = next(a for a in agents if a["agentId"] == "chat-only")
+    field = next(f for f in chat["fields"] if f["key"].endswith(".tone"))
+    assert field["label"] == "Tone" and field["default"] == "plain"
+    ok = await client.put("/v1/preferences", json={"values": {"ai.agent.chat-only.tone": "formal"}})
+    assert ok.status == 200, await ok.text()
+    bad = await client.put("/v1/preferences", json={"values": {"ai.agent.chat-only.tone": "shouty"}})
+    assert bad.status == 400
+    values = (await (await client.get("/v1/preferences")).json())["values"]
+    assert values["ai.agent.chat-only.tone"] == "formal"
+
+
 HOOKS_TESTED = {
     "register_runtimes": test_register_runtimes_agent_is_listed_and_runs_a_turn,
     "negotiate_runtime_policy": test_negotiate_runtime_policy_every_implementation_adjusts_the_policy,
@@ -616,6 +655,8 @@ HOOKS_TESTED = {
     "register_commands": test_register_commands_adds_a_runnable_command,
     "gateway_startup": test_gateway_startup_and_shutdown_are_awaited,
     "gateway_shutdown": test_gateway_startup_and_shutdown_are_awaited,
+    "register_routes": test_register_routes_serves_a_plugin_route_behind_actor_auth,
+    "register_setting_fields": test_register_setting_fields_appear_in_descriptors_and_validate_preferences,
 }
 
 

@@ -1,32 +1,32 @@
-"""/v1/agents: one descriptor per registered runtime."""
+"""/v1/agents: one ``gateway.agent_descriptor.v1`` per registered runtime, merged for the calling
+actor (see gateway/descriptors.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
+
+from gateway.descriptors import DESCRIPTORS_SCHEMA, describe_agents
+from gateway.errors import ApiError
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
 
 
-def descriptor(runtime: Any) -> dict[str, Any]:
-    described = dict(runtime.describe())
-    return {
-        "schema": "gateway.agent_descriptor.v1",
-        "agentId": runtime.agent_id,
-        "displayName": runtime.display_name,
-        "provider": runtime.provider,
-        "policy": runtime.policy.to_wire(),
-        "capabilities": described.pop("capabilities", []),
-        "availability": described.pop("availability", {"available": True}),
-        **described,
-    }
-
-
 def setup(app: web.Application, gateway: Gateway) -> None:
     async def list_agents(request: web.Request) -> web.Response:
-        agents = [descriptor(r) for _, r in sorted(gateway.runtimes.items())]
-        return web.json_response({"schema": "gateway.agent_descriptors.v1", "agents": agents})
+        agents = await describe_agents(gateway, request["actor"])
+        return web.json_response({"schema": DESCRIPTORS_SCHEMA, "actorId": request["actor"], "agents": agents})
+
+    async def one_agent(request: web.Request) -> web.Response:
+        agent_id = request.match_info["agent_id"]
+        if agent_id not in gateway.runtimes:
+            raise ApiError(
+                404, "unknown_agent", f"unknown agentId {agent_id[:100]!r}", knownAgents=sorted(gateway.runtimes)
+            )
+        (descriptor,) = await describe_agents(gateway, request["actor"], agent_id)
+        return web.json_response(descriptor)
 
     app.router.add_get("/v1/agents", list_agents)
+    app.router.add_get("/v1/agents/{agent_id}", one_agent)

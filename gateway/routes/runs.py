@@ -9,6 +9,7 @@ from aiohttp import web
 from gateway.builtin import ui_projection
 from gateway.errors import ApiError, read_json
 from gateway.models import Run, dumps, format_cursor, parse_cursor
+from gateway.preferences import apply_run_defaults
 from gateway.sse import stream_run
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class RunRoutes:
         return project
 
     async def create(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
+        body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
         # Agents call back (MCP) on the address the host used, unless the launcher set one.
         self.gw.services.setdefault("base_url", str(request.url.origin()))
         run, created = await self.gw.runs.create(request["actor"], body)

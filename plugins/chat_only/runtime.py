@@ -48,6 +48,7 @@ class ChatOnlyRuntime:
     def describe(self) -> dict[str, Any]:
         return {
             "capabilities": ["chat"],
+            "toolAccess": False,
             "availability": {
                 "available": bool(self.base_url),
                 "upstreamConfigured": bool(self.base_url),

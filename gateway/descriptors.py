@@ -1,0 +1,394 @@
+"""Agent descriptors (``gateway.agent_descriptor.v1``) and the settings fields behind them.
+
+A descriptor is merged, per agent and per calling actor, from:
+
+1. the runtime's static registry: ``runtime.describe()`` (capabilities, fields, availability) and
+   its negotiated :class:`~gateway.runtime.RuntimePolicy`;
+2. the tool manifest (``gateway.tools``): every tool an agent can reach through the MCP surface,
+   with its capability ids; agents without tool access (``describe()["toolAccess"]`` false, or no
+   ``files``/``tools``/``mcp`` capability) get none;
+3. fields plugins declare with the ``register_setting_fields`` hook, plus the core's common
+   fields (default agent, default context refs, one ``enabled`` switch per capability);
+4. the actor's preferences (:mod:`gateway.preferences`): values, capability switches.
+
+Field keys are full preference keys: ``ai.common.<name>`` or ``ai.agent.<agentId>.<name>``.
+Secret fields never carry a value, only ``isSet``; admin-only fields (``auth: "admin"``) are left
+out for actors that are not admins (``[auth] admins``; with no tokens configured the single local
+actor is the admin). A capability switched off is absent from ``capabilities``, reported in
+``capabilityStates`` and its tools show ``enabled: false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+log = logging.getLogger("gateway.descriptors")
+
+DESCRIPTOR_SCHEMA = "gateway.agent_descriptor.v1"
+DESCRIPTORS_SCHEMA = "gateway.agent_descriptors.v1"
+COMMON = "ai.common"
+AGENT_TEMPLATE = "ai.agent.*."
+FIELD_KINDS = ("select", "string", "boolean", "integer", "string_list")
+AUTH_LEVELS = ("user", "admin")
+CONTEXT_REFS = ("current_page", "selection", "allowed_roots")
+TOOL_ACCESS_CAPABILITIES = frozenset({"files", "tools", "mcp"})
+
+
+def agent_scope(agent_id: str) -> str:
+    return f"ai.agent.{agent_id}"
+
+
+def capability_key(scope: str, capability: str) -> str:
+    return f"{scope}.capabilities.{capability}.enabled"
+
+
+class FieldError(ValueError):
+    """A value does not fit its field (message names the key and what was expected)."""
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    key: str
+    label: str
+    kind: str
+    default: Any = None
+    options: tuple[Any, ...] | None = None
+    options_source: str | None = None
+    auth: str = "user"
+    secret: bool = False
+    capability_ids: tuple[str, ...] = ()
+    description: str = ""
+    agent_id: str | None = None  # None: ai.common
+
+    @property
+    def scope(self) -> str:
+        return COMMON if self.agent_id is None else agent_scope(self.agent_id)
+
+    @classmethod
+    def from_declaration(cls, raw: Mapping[str, Any], *, prefix: str = "", agent_id: str | None = None) -> FieldSpec:
+        key = raw.get("key")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"a settings field needs a key: {dict(raw)!r:.200}")
+        kind = raw.get("kind", "string")
+        if kind not in FIELD_KINDS:
+            raise ValueError(f"field {key!r}: kind must be one of {', '.join(FIELD_KINDS)}, not {kind!r}")
+        auth = raw.get("auth", "user")
+        if auth not in AUTH_LEVELS:
+            raise ValueError(f"field {key!r}: auth must be user or admin")
+        options = raw.get("options")
+        return cls(
+            key=prefix + key,
+            label=str(raw.get("label") or key),
+            kind=kind,
+            default=raw.get("default"),
+            options=tuple(options) if isinstance(options, (list, tuple)) else None,
+            options_source=raw.get("optionsSource"),
+            auth=auth,
+            secret=bool(raw.get("secret", False)),
+            capability_ids=tuple(raw.get("capabilityIds") or ()),
+            description=str(raw.get("description") or ""),
+            agent_id=agent_id,
+        )
+
+    def check(self, value: Any) -> Any:
+        """Validate (and return) a value for this field; raises :class:`FieldError`."""
+        kind = self.kind
+        if kind == "boolean" and not isinstance(value, bool):
+            raise FieldError(f"{self.key} must be true or false")
+        if kind == "integer" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise FieldError(f"{self.key} must be an integer")
+        if kind in ("string", "select") and not isinstance(value, str):
+            raise FieldError(f"{self.key} must be a string")
+        if kind == "string" and len(value) > 10_000:
+            raise FieldError(f"{self.key} is longer than 10000 characters")
+        if kind == "string_list":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 100:
+                raise FieldError(f"{self.key} must be a list of strings (at most 100)")
+        if self.options is not None:
+            items = value if kind == "string_list" else [value]
+            bad = [v for v in items if v not in self.options]
+            if bad:
+                choices = ", ".join(repr(o) for o in self.options)
+                raise FieldError(f"{self.key}: {bad[0]!r} is not one of {choices}")
+        return value
+
+    def to_wire(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        is_set = self.key in values
+        out: dict[str, Any] = {
+            "key": self.key,
+            "label": self.label,
+            "kind": self.kind,
+            "default": None if self.secret else self.default,
+            "optionsSource": self.options_source,
+            "options": list(self.options) if self.options is not None else None,
+            "auth": self.auth,
+            "secret": self.secret,
+            "scope": self.scope,
+            "isSet": is_set,
+        }
+        if not self.secret:
+            out["value"] = values[self.key] if is_set else self.default
+        if self.capability_ids:
+            out["capabilityIds"] = list(self.capability_ids)
+        if self.description:
+            out["description"] = self.description
+        return out
+
+
+@dataclass
+class AgentStatic:
+    agent_id: str
+    capabilities: list[str]  # the runtime's own plus those of the tools it reaches
+    tool_access: bool
+    fields: list[FieldSpec] = field(default_factory=list)
+
+
+class DescriptorRegistry:
+    """The static part of every descriptor, built once per gateway (see :func:`registry_for`)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.tools = gateway.tools.tools
+        tool_caps = sorted({c for t in self.tools.values() for c in t.capability_ids})
+        declared = _declared_fields(gateway)
+        self.agents: dict[str, AgentStatic] = {}
+        self.common: list[FieldSpec] = []
+        agent_ids = sorted(gateway.runtimes)
+        all_caps: set[str] = set(tool_caps)
+        for agent_id in agent_ids:
+            runtime = gateway.runtimes[agent_id]
+            described = _describe(runtime)
+            own = [c for c in described.get("capabilities") or [] if isinstance(c, str)]
+            access = described.get("toolAccess")
+            tool_access = bool(access) if access is not None else bool(TOOL_ACCESS_CAPABILITIES & set(own))
+            caps = list(dict.fromkeys(own + (tool_caps if tool_access else [])))
+            all_caps.update(caps)
+            static = AgentStatic(agent_id, caps, tool_access)
+            scope = agent_scope(agent_id) + "."
+            for raw in described.get("fields") or []:
+                try:
+                    key = str(raw.get("key", ""))
+                    spec = FieldSpec.from_declaration(
+                        raw, prefix="" if key.startswith(scope) else scope, agent_id=agent_id
+                    )
+                    if not spec.key.startswith(scope):
+                        raise ValueError(f"{spec.key!r} is outside {scope}*")
+                    static.fields.append(spec)
+                except (ValueError, AttributeError) as exc:
+                    log.warning("agent %s declares a bad field: %s", agent_id, exc)
+            for raw in declared:
+                if str(raw.get("key", "")).startswith(AGENT_TEMPLATE):
+                    renamed = {**raw, "key": str(raw["key"])[len(AGENT_TEMPLATE) :]}
+                    static.fields.append(FieldSpec.from_declaration(renamed, prefix=scope, agent_id=agent_id))
+            for cap in caps:
+                static.fields.append(
+                    FieldSpec(
+                        capability_key(agent_scope(agent_id), cap),
+                        f"Enable {cap} for this agent",
+                        "boolean",
+                        True,
+                        capability_ids=(),
+                        description="Unset: follows ai.common; set: overrides it for this agent.",
+                        agent_id=agent_id,
+                    )
+                )
+            self.agents[agent_id] = static
+        self.common.append(
+            FieldSpec(
+                "ai.common.defaultAgent",
+                "Default agent",
+                "select",
+                agent_ids[0] if agent_ids else None,
+                options=tuple(agent_ids),
+                options_source="agents",
+                description="The agent a run uses when it names none.",
+            )
+        )
+        self.common.append(
+            FieldSpec(
+                "ai.common.defaultContextRefs",
+                "Default context",
+                "string_list",
+                ["current_page"],
+                options=CONTEXT_REFS,
+                options_source="context_refs",
+                description="What a run carries as context when the client sends none.",
+            )
+        )
+        for cap in sorted(all_caps):
+            self.common.append(FieldSpec(capability_key(COMMON, cap), f"Enable {cap}", "boolean", True))
+        for raw in declared:
+            key = str(raw.get("key", ""))
+            if key.startswith(COMMON + "."):
+                self.common.append(FieldSpec.from_declaration(raw))
+            elif not key.startswith(AGENT_TEMPLATE):
+                log.warning("settings field %r ignored: keys start with ai.common. or ai.agent.*.", key)
+        self._by_key: dict[str, FieldSpec] = {}
+        for spec in self.common + [f for a in self.agents.values() for f in a.fields]:
+            if spec.key in self._by_key:
+                log.warning("settings field %r declared twice; the first wins", spec.key)
+                continue
+            self._by_key[spec.key] = spec
+
+    # -- lookups ----------------------------------------------------------------------------------
+    def field(self, key: str) -> FieldSpec | None:
+        return self._by_key.get(key)
+
+    def fields(self) -> list[FieldSpec]:
+        return list(self._by_key.values())
+
+    def capability_states(self, agent_id: str, values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+        """``{capId: {"enabled", "source"}}``: the agent-scope switch wins over the common one."""
+        static = self.agents.get(agent_id)
+        states: dict[str, dict[str, Any]] = {}
+        for cap in static.capabilities if static else []:
+            agent_key = capability_key(agent_scope(agent_id), cap)
+            common_key = capability_key(COMMON, cap)
+            if isinstance(values.get(agent_key), bool):
+                states[cap] = {"enabled": values[agent_key], "source": agent_key}
+            elif isinstance(values.get(common_key), bool):
+                states[cap] = {"enabled": values[common_key], "source": common_key}
+            else:
+                states[cap] = {"enabled": True, "source": "default"}
+        return states
+
+    def disabled_capabilities(self, agent_id: str, values: Mapping[str, Any]) -> frozenset[str]:
+        """Capabilities switched off for this agent, including those of tools it cannot reach
+        at all (a tool-less agent gets every tool capability disabled)."""
+        states = self.capability_states(agent_id, values)
+        off = {cap for cap, state in states.items() if not state["enabled"]}
+        static = self.agents.get(agent_id)
+        if static is None or not static.tool_access:
+            off.update(c for t in self.tools.values() for c in t.capability_ids)
+        return frozenset(off)
+
+    # -- the descriptor ----------------------------------------------------------------------------
+    def describe(self, agent_id: str, values: Mapping[str, Any], *, admin: bool) -> dict[str, Any]:
+        runtime = self.gateway.runtimes[agent_id]
+        static = self.agents[agent_id]
+        described = _describe(runtime)
+        states = self.capability_states(agent_id, values)
+        disabled = {cap for cap, state in states.items() if not state["enabled"]}
+
+        def visible(specs: Iterable[FieldSpec]) -> list[dict[str, Any]]:
+            out = []
+            for spec in specs:
+                if spec.auth == "admin" and not admin:
+                    continue
+                wire = spec.to_wire(values)
+                if set(spec.capability_ids) & disabled:
+                    wire["disabled"] = True
+                out.append(wire)
+            return out
+
+        tools = []
+        if static.tool_access:
+            for tool in self.tools.values():
+                off = sorted(set(tool.capability_ids) & disabled)
+                entry: dict[str, Any] = {
+                    "name": tool.name,
+                    "capabilityIds": list(tool.capability_ids),
+                    "enabled": not off,
+                }
+                if off:
+                    entry["disabledBy"] = [states[c]["source"] for c in off]
+                tools.append(entry)
+        refs = values.get("ai.common.defaultContextRefs")
+        policy = getattr(runtime, "policy", None)
+        extra = {
+            k: v
+            for k, v in described.items()
+            if k not in ("capabilities", "availability", "fields", "toolAccess") and not k.startswith("_")
+        }
+        return {
+            "schema": DESCRIPTOR_SCHEMA,
+            "agentId": agent_id,
+            "displayName": getattr(runtime, "display_name", agent_id),
+            "provider": getattr(runtime, "provider", None),
+            "capabilities": [c for c in static.capabilities if c not in disabled],
+            "capabilityStates": states,
+            "defaultContextRefs": list(refs) if isinstance(refs, list) else ["current_page"],
+            "settingScopes": [COMMON, agent_scope(agent_id)],
+            "fields": visible(self.common) + visible(static.fields),
+            "tools": tools,
+            "toolAccess": static.tool_access,
+            "policy": policy.to_wire() if policy is not None else {},
+            "availability": described.get("availability") or {"available": True},
+            "isDefault": values.get("ai.common.defaultAgent") == agent_id,
+            **extra,
+        }
+
+
+def _describe(runtime: Any) -> dict[str, Any]:
+    try:
+        described = runtime.describe()
+    except Exception as exc:
+        log.exception("describe() of %s failed", getattr(runtime, "agent_id", "?"))
+        return {"availability": {"available": False, "reason": f"describe() failed: {type(exc).__name__}"}}
+    return dict(described) if isinstance(described, Mapping) else {}
+
+
+def _declared_fields(gateway: Gateway) -> list[dict[str, Any]]:
+    """Fields from the ``register_setting_fields`` hook (through the plugin host's typed method
+    when it has one)."""
+    plugins = gateway.plugins
+    found: list[dict[str, Any]] = []
+    method = getattr(plugins, "setting_fields", None)
+    if callable(method):
+        found = list(method(gateway.config))
+    else:
+        hook = getattr(plugins.pm.hook, "register_setting_fields", None)
+        if hook is not None:
+            hook(register=found.append, config=gateway.config)
+    return [f for f in found if isinstance(f, Mapping)]
+
+
+_registries: weakref.WeakKeyDictionary[Any, DescriptorRegistry] = weakref.WeakKeyDictionary()
+_building: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+async def registry_for(gateway: Gateway) -> DescriptorRegistry:
+    """The gateway's registry, built once, off the event loop (``describe()`` may probe binaries)."""
+    found = _registries.get(gateway)
+    if found is not None:
+        return found
+    lock = _building.setdefault(gateway, asyncio.Lock())
+    async with lock:
+        found = _registries.get(gateway)
+        if found is None:
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(gateway.executor, DescriptorRegistry, gateway)
+            _registries[gateway] = found
+    return found
+
+
+def is_admin(gateway: Gateway, actor_id: str) -> bool:
+    """Admins are listed in ``[auth] admins``; with no tokens configured, the one local actor is."""
+    config = gateway.config
+    if not config.tokens:
+        return True
+    admins = config.section("auth").get("admins") or []
+    return isinstance(admins, list) and actor_id in admins
+
+
+async def describe_agents(gateway: Gateway, actor_id: str, agent_id: str | None = None) -> list[dict[str, Any]]:
+    from gateway.preferences import load_values
+
+    registry = await registry_for(gateway)
+    values = await load_values(gateway, actor_id)
+    admin = is_admin(gateway, actor_id)
+    ids = [agent_id] if agent_id is not None else sorted(gateway.runtimes)
+    loop = asyncio.get_running_loop()
+
+    def build() -> list[dict[str, Any]]:
+        return [registry.describe(i, values, admin=admin) for i in ids]
+
+    return await loop.run_in_executor(gateway.executor, build)

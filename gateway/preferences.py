@@ -1,0 +1,153 @@
+"""Per-actor preferences: ``ai.common.*`` and ``ai.agent.<agentId>.*``, validated against the
+descriptor fields (:mod:`gateway.descriptors`) and kept through the storage hook
+(``get_preferences`` / ``put_preferences``, called on the storage executor).
+
+Stored as one flat object per actor, full keys to values. An actor only ever reads and writes its
+own. Secret values are stored but never returned: reads show ``{"isSet": true}`` for them.
+
+Runs use them: :func:`apply_run_defaults` fills a run body's missing ``agentId``
+(``ai.common.defaultAgent``), ``context.refs`` (``ai.common.defaultContextRefs``) and
+``options.model`` / ``options.profile`` (``ai.agent.<agentId>.model`` / ``.profile``);
+:func:`disabled_capabilities_for` gives the capabilities switched off for an actor's agent, which a
+run's :class:`~gateway.tools.RunScope` must carry (resolved on the server when the run starts,
+whatever a client cached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.descriptors import DescriptorRegistry, FieldError, is_admin, registry_for
+from gateway.errors import ApiError
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+PREFERENCES_SCHEMA = "gateway.preferences.v1"
+MAX_KEYS_PER_UPDATE = 200
+
+_locks: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+
+
+async def _db(gateway: Gateway, fn: Any, *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(gateway.executor, fn, *args)
+
+
+async def load_values(gateway: Gateway, actor_id: str) -> dict[str, Any]:
+    """The actor's stored values (full keys), secrets included: for server-side use only."""
+    values = await _db(gateway, gateway.storage.get_preferences, actor_id)
+    return dict(values) if isinstance(values, Mapping) else {}
+
+
+def visible_values(registry: DescriptorRegistry, values: Mapping[str, Any], admin: bool) -> dict[str, Any]:
+    """What the actor may see: known keys, admin fields only for admins, no secret values."""
+    shown: dict[str, Any] = {}
+    secrets: dict[str, Any] = {}
+    for key, value in values.items():
+        spec = registry.field(key)
+        if spec is None or (spec.auth == "admin" and not admin):
+            continue
+        if spec.secret:
+            secrets[key] = {"isSet": True}
+        else:
+            shown[key] = value
+    return {"values": shown, "secrets": secrets}
+
+
+def validate_update(registry: DescriptorRegistry, updates: Any, admin: bool) -> dict[str, Any]:
+    """Check a PUT body's ``values``: every key a known field, every value of its kind (null
+    removes the key). Raises :class:`ApiError` 400 (unknown key, wrong type) or 403 (admin-only)."""
+    if not isinstance(updates, dict):
+        raise ApiError(400, "invalid_request", "values must be an object of preference keys to values")
+    if len(updates) > MAX_KEYS_PER_UPDATE:
+        raise ApiError(400, "invalid_request", f"at most {MAX_KEYS_PER_UPDATE} keys per update")
+    clean: dict[str, Any] = {}
+    for key, value in updates.items():
+        spec = registry.field(key)
+        if spec is None or (spec.auth == "admin" and not admin and spec.key.startswith("ai.")):
+            if spec is not None:
+                raise ApiError(403, "admin_only", f"{key} is an admin-only setting")
+            scope_hint = "keys are ai.common.<name> or ai.agent.<agentId>.<name> declared by the agent descriptors"
+            raise ApiError(
+                400, "unknown_preference", f"unknown preference key {key[:120]!r}; {scope_hint}", key=key[:120]
+            )
+        if value is None:
+            clean[key] = None
+            continue
+        try:
+            clean[key] = spec.check(value)
+        except FieldError as exc:
+            raise ApiError(400, "invalid_preference", str(exc), key=key, expectedKind=spec.kind) from exc
+    return clean
+
+
+async def get_preferences(gateway: Gateway, actor_id: str) -> dict[str, Any]:
+    registry = await registry_for(gateway)
+    values = await load_values(gateway, actor_id)
+    return {
+        "schema": PREFERENCES_SCHEMA,
+        "actorId": actor_id,
+        **visible_values(registry, values, is_admin(gateway, actor_id)),
+    }
+
+
+async def put_preferences(gateway: Gateway, actor_id: str, updates: Any) -> dict[str, Any]:
+    """Merge ``updates`` into the actor's preferences (null removes a key); returns what GET would."""
+    registry = await registry_for(gateway)
+    admin = is_admin(gateway, actor_id)
+    clean = validate_update(registry, updates, admin)
+    locks = _locks.setdefault(gateway, {})
+    lock = locks.setdefault(actor_id, asyncio.Lock())
+    async with lock:
+        values = await load_values(gateway, actor_id)
+        for key, value in clean.items():
+            if value is None:
+                values.pop(key, None)
+            else:
+                values[key] = value
+        await _db(gateway, gateway.storage.put_preferences, actor_id, values)
+    return {"schema": PREFERENCES_SCHEMA, "actorId": actor_id, **visible_values(registry, values, admin)}
+
+
+async def disabled_capabilities_for(gateway: Gateway, actor_id: str, agent_id: str) -> frozenset[str]:
+    """The capabilities switched off for ``actor_id``'s runs of ``agent_id`` (agent-scope switch
+    wins over ``ai.common``; tool capabilities of an agent without tool access count as off).
+    Call it when a run starts and pass it to ``gateway.tools.scope_for(run, disabled_capabilities=...)``."""
+    registry = await registry_for(gateway)
+    values = await load_values(gateway, actor_id)
+    return registry.disabled_capabilities(agent_id, values)
+
+
+async def apply_run_defaults(gateway: Gateway, actor_id: str, body: Any) -> Any:
+    """Fill a run body's missing parts from the actor's preferences (a new dict; anything the
+    client sent wins). Bodies that are not objects are returned unchanged for the validator."""
+    if not isinstance(body, dict):
+        return body
+    values = await load_values(gateway, actor_id)
+    out = dict(body)
+    default_agent = values.get("ai.common.defaultAgent")
+    if out.get("agentId") in (None, "") and isinstance(default_agent, str) and default_agent in gateway.runtimes:
+        out["agentId"] = default_agent
+    context = out.get("context")
+    refs = values.get("ai.common.defaultContextRefs")
+    if (context is None or isinstance(context, dict)) and isinstance(refs, list):
+        context = dict(context or {})
+        if "refs" not in context:
+            context["refs"] = list(refs)
+            out["context"] = context
+    agent_id = out.get("agentId")
+    options = out.get("options")
+    if isinstance(agent_id, str) and (options is None or isinstance(options, dict)):
+        options = dict(options or {})
+        changed = False
+        for name in ("model", "profile"):
+            value = values.get(f"ai.agent.{agent_id}.{name}")
+            if name not in options and isinstance(value, str) and value:
+                options[name] = value
+                changed = True
+        if changed:
+            out["options"] = options
+    return out

@@ -1,0 +1,173 @@
+"""``/v1/knowledge/...``: the knowledge facade for hosts (the same service the tools use).
+
+Bodies name the workspace (``workspaceId``, default ``"default"``) and may narrow the readable
+roots (``allowedRoots``, default the whole workspace directory) used to read files to add or to
+locate citations in. Errors use the gateway's JSON error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from gateway.errors import ApiError, read_json
+from gateway.tools import ToolError, validate_schema
+from plugins.lightrag.service import KnowledgeService, Where
+from plugins.lightrag.tools import KnowledgeTools
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+
+HTTP_STATUS = {
+    "invalid_arguments": 400,
+    "path_refused": 400,
+    "not_text": 400,
+    "not_a_file": 400,
+    "not_a_directory": 400,
+    "special_file": 400,
+    "outside_roots": 403,
+    "no_workspace": 409,
+    "not_found": 404,
+    "already_exists": 409,
+    "too_large": 413,
+    "provider_busy": 503,
+    "provider_unavailable": 503,
+    "provider_error": 502,
+}
+
+WHERE_KEYS = ("workspaceId", "allowedRoots")
+ADD_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "text": {"type": "string", "minLength": 1},
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
+    },
+    "oneOf": [{"required": ["path"]}, {"required": ["text", "name"]}],
+    "additionalProperties": False,
+}
+DELETE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "documentIds": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 500},
+        "sourcePaths": {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 500},
+    },
+    "anyOf": [{"required": ["documentIds"]}, {"required": ["sourcePaths"]}],
+    "additionalProperties": False,
+}
+
+
+def _api_error(exc: ToolError) -> ApiError:
+    return ApiError(HTTP_STATUS.get(exc.code, 400), exc.code, exc.message)
+
+
+def setup(app: web.Application, gateway: Gateway, service: KnowledgeService) -> None:
+    tool_schemas = {t.name: t.input_schema for t in KnowledgeTools(service).tools()}
+
+    async def in_thread(fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(gateway.executor, fn, *args)
+
+    def where_of(request: web.Request, source: dict[str, Any]) -> Where:
+        workspace_id = source.get("workspaceId", "default")
+        if not isinstance(workspace_id, str) or not workspace_id or len(workspace_id) > 200:
+            raise ApiError(400, "invalid_request", "workspaceId must be a non-empty string")
+        roots = source.get("allowedRoots", [""])
+        if isinstance(roots, str):
+            roots = [roots]
+        if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+            raise ApiError(400, "invalid_request", "allowedRoots must be a list of strings")
+        root = gateway.config.workspace_roots.get(workspace_id)
+        return Where(workspace_id, root, roots, in_thread, request["actor"])
+
+    async def body_of(request: web.Request, schema: dict[str, Any] | None) -> tuple[Where, dict[str, Any]]:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ApiError(400, "invalid_request", "the body must be a JSON object")
+        where = where_of(request, body)
+        args = {k: v for k, v in body.items() if k not in WHERE_KEYS}
+        if schema is not None:
+            try:
+                validate_schema(args, schema, "body")
+            except ToolError as exc:
+                raise _api_error(exc) from exc
+        return where, args
+
+    async def status(request: web.Request) -> web.Response:
+        return web.json_response(await service.status())
+
+    async def query(request: web.Request) -> web.Response:
+        where, args = await body_of(request, tool_schemas["knowledge_rag.query"])
+        try:
+            result = await service.query(
+                where,
+                args["query"],
+                source_paths=args.get("sourcePaths") or None,
+                mode=args.get("mode"),
+                top_k=args.get("topK"),
+            )
+        except ToolError as exc:
+            raise _api_error(exc) from exc
+        return web.json_response(result)
+
+    async def open_reference(request: web.Request) -> web.Response:
+        where, args = await body_of(request, tool_schemas["knowledge_rag.open_reference"])
+        try:
+            result = await service.open_reference(
+                where,
+                reference=args.get("reference"),
+                reference_id_=args.get("referenceId"),
+                file_path=args.get("filePath"),
+                source_path=args.get("sourcePath"),
+                chunk_id=args.get("chunkId"),
+                excerpt=args.get("excerpt"),
+                query=args.get("query"),
+            )
+        except ToolError as exc:
+            raise _api_error(exc) from exc
+        return web.json_response(result)
+
+    async def add_document(request: web.Request) -> web.Response:
+        where, args = await body_of(request, ADD_SCHEMA)
+        try:
+            result = await service.add_document(
+                where, path=args.get("path"), text=args.get("text"), name=args.get("name")
+            )
+        except ToolError as exc:
+            raise _api_error(exc) from exc
+        return web.json_response(result, status=202)
+
+    async def list_documents(request: web.Request) -> web.Response:
+        where = where_of(request, dict(request.query))
+        try:
+            documents = await service.list_documents(where)
+        except ToolError as exc:
+            raise _api_error(exc) from exc
+        return web.json_response({"workspaceId": where.workspace_id, "documents": documents})
+
+    async def track(request: web.Request) -> web.Response:
+        where = where_of(request, dict(request.query))
+        try:
+            result = await service.track(where, request.match_info["track_id"])
+        except ToolError as exc:
+            raise _api_error(exc) from exc
+        return web.json_response(result)
+
+    async def delete_documents(request: web.Request) -> web.Response:
+        where, args = await body_of(request, DELETE_SCHEMA)
+        try:
+            result = await service.delete_documents(
+                where, document_ids=args.get("documentIds"), source_paths=args.get("sourcePaths")
+            )
+        except ToolError as exc:
+            raise _api_error(exc) from exc
+        return web.json_response(result, status=202)
+
+    app.router.add_get("/v1/knowledge/status", status)
+    app.router.add_post("/v1/knowledge/query", query)
+    app.router.add_post("/v1/knowledge/open_reference", open_reference)
+    app.router.add_get("/v1/knowledge/documents", list_documents)
+    app.router.add_post("/v1/knowledge/documents", add_document)
+    app.router.add_delete("/v1/knowledge/documents", delete_documents)
+    app.router.add_get("/v1/knowledge/documents/track/{track_id}", track)

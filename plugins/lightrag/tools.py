@@ -1,0 +1,118 @@
+"""The ``knowledge_rag.*`` tools: thin handlers over :class:`KnowledgeService`, run through the
+tool facade (validation, veto hooks, receipts, ``tool.*`` events)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.tools import Tool, ToolCall
+from plugins.lightrag.service import MODES, KnowledgeService, Where
+
+CAP_KNOWLEDGE = "knowledge_rag"
+
+SOURCE_PATHS_SCHEMA = {
+    "type": "array",
+    "maxItems": 100,
+    "items": {"type": "string", "minLength": 1, "maxLength": 4096},
+    "description": (
+        "Workspace paths or folders (notes/ or notes/a.md). Applied AFTER retrieval: only the references "
+        "returned are limited to them; the answer may still use other documents (post_filter_mapped_references)."
+    ),
+}
+
+
+def where_of(call: ToolCall) -> Where:
+    scope = call.scope
+    return Where(scope.workspace_id, scope.workspace_root, scope.allowed_roots, call.in_thread, scope.actor_id)
+
+
+class KnowledgeTools:
+    def __init__(self, service: KnowledgeService) -> None:
+        self.service = service
+
+    async def status(self, call: ToolCall) -> dict[str, Any]:
+        return await self.service.status()
+
+    async def query(self, call: ToolCall) -> dict[str, Any]:
+        args = call.arguments
+        result = await self.service.query(
+            where_of(call),
+            args["query"],
+            source_paths=args.get("sourcePaths") or None,
+            mode=args.get("mode"),
+            top_k=args.get("topK"),
+        )
+        call.note = f"{len(result['references'])} reference(s); sourcePaths={args.get('sourcePaths') or 'all'}"
+        return result
+
+    async def open_reference(self, call: ToolCall) -> dict[str, Any]:
+        args = call.arguments
+        return await self.service.open_reference(
+            where_of(call),
+            reference=args.get("reference"),
+            reference_id_=args.get("referenceId"),
+            file_path=args.get("filePath"),
+            source_path=args.get("sourcePath"),
+            chunk_id=args.get("chunkId"),
+            excerpt=args.get("excerpt"),
+            query=args.get("query"),
+        )
+
+    def tools(self) -> list[Tool]:
+        caps = (CAP_KNOWLEDGE,)
+        return [
+            Tool(
+                "knowledge_rag.status",
+                "Whether the knowledge base (LightRAG) is configured and reachable, and its query modes.",
+                {"type": "object", "properties": {}, "additionalProperties": False},
+                caps,
+                self.status,
+            ),
+            Tool(
+                "knowledge_rag.query",
+                "Ask the workspace knowledge base. Returns an answer and references mapped to workspace "
+                "paths, each with citationMarkdown to cite. When locatorDegraded is true the citation is "
+                "document-level: never state a page, line or position for it. sourcePaths filters the "
+                "returned references after retrieval (it does not restrict what the provider retrieves).",
+                {
+                    "type": "object",
+                    "properties": {
+                        "query": {"type": "string", "minLength": 3, "maxLength": 4000},
+                        "sourcePaths": SOURCE_PATHS_SCHEMA,
+                        "mode": {"type": "string", "enum": list(MODES)},
+                        "topK": {"type": "integer", "minimum": 1, "maximum": 200},
+                    },
+                    "required": ["query"],
+                    "additionalProperties": False,
+                },
+                caps,
+                self.query,
+            ),
+            Tool(
+                "knowledge_rag.open_reference",
+                "Turn a reference from knowledge_rag.query (or a provider hint: filePath, chunkId with its "
+                "query, an excerpt) into a clickable citation with the precise line locator when the text is "
+                "found in the workspace file, or a document-level citation marked locatorDegraded otherwise.",
+                {
+                    "type": "object",
+                    "properties": {
+                        "reference": {"type": "object"},
+                        "referenceId": {"type": "string", "maxLength": 64},
+                        "sourcePath": {"type": "string", "minLength": 1, "maxLength": 4096},
+                        "filePath": {"type": "string", "minLength": 1, "maxLength": 4096},
+                        "chunkId": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "query": {"type": "string", "minLength": 3, "maxLength": 4000},
+                        "excerpt": {"type": "string", "minLength": 1, "maxLength": 20000},
+                    },
+                    "anyOf": [
+                        {"required": ["reference"]},
+                        {"required": ["referenceId"]},
+                        {"required": ["sourcePath"]},
+                        {"required": ["filePath"]},
+                    ],
+                    "additionalProperties": False,
+                },
+                caps,
+                self.open_reference,
+            ),
+        ]

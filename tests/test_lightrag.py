@@ -1,0 +1,563 @@
+"""The knowledge facade against the real LightRAG server (``lightrag-hku`` 1.5.7, installed by
+``contrib/peers/install.sh lightrag``), driven by the contrib fake LLM and embeddings.
+
+Index two documents from a workspace root through the gateway, query through the tools and the
+HTTP routes, get references mapped to the workspace paths with citation fields, filter them with
+sourcePaths, open references precisely or degraded; a turn whose agent calls
+``knowledge_rag.query`` carries the citations in the run's events; stopping the server mid-query
+gives a clear tool error and the run goes on. No response contains the provider's URL, ``file://``
+or its storage folder.
+
+The server binary is ``$LIGHTRAG_SERVER_BIN`` or ``~/.cache/agent-gateway/peers/bin/lightrag-server``;
+tiktoken's file is in ``$TIKTOKEN_CACHE_DIR`` or ``~/.cache/agent-gateway/peers/tiktoken``. Missing:
+the tests FAIL (run ``contrib/peers/install.sh lightrag``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import contrib.fake_openai.server as fake_server
+from contrib.fake_openai import FakeOpenAI, Reply
+from gateway.app import GATEWAY_KEY
+from gateway.config import Config
+from gateway.models import Run
+from gateway.tools import RunScope, ToolError
+from plugins.lightrag import service_of
+from plugins.lightrag.service import Where, wait_processed
+from tests.conftest import run_to_end
+from tests.test_descriptors import ToolAgent, ToolAgentPlugin, build_app, plugin_host
+
+PEERS = Path(os.environ.get("AGENT_GATEWAY_PEERS_DIR") or Path.home() / ".cache" / "agent-gateway" / "peers")
+SERVER_BIN = Path(os.environ.get("LIGHTRAG_SERVER_BIN") or PEERS / "bin" / "lightrag-server")
+TIKTOKEN_DIR = Path(os.environ.get("TIKTOKEN_CACHE_DIR") or PEERS / "tiktoken")
+TIKTOKEN_FILE = "fb374d419588a4632f3f557e76b4b70aebbca790"
+API_KEY = "rag-secret-key-1234"
+WORKSPACE = "local:test"
+EMBEDDING_DIM = 64
+STARTUP_SECONDS = 90.0
+WAIT = 60.0
+
+WIDGET = "# Widget\n\nThe Acme Widget is a blue gadget made by Acme Corp.\nThe widget weighs two kilograms.\n"
+ZEBRA = "# Zebra\n\nThe striped zebra lives on the savanna.\nZebra stripes are black and white.\n"
+OTHER_WIDGET = "# Old widget\n\nAn older widget prototype was green and made of wood.\n"
+
+
+# -- the fake LLM's answers to LightRAG's prompts ----------------------------------------------------
+
+
+STOP = {"the", "a", "an", "is", "are", "of", "and", "by", "on", "in", "what", "how", "to", "with", "made"}
+
+
+def bag_of_words(text: str, dim: int) -> list[float]:
+    """Similar text, similar vectors: hashed word counts, L2-normalised (float32-exact)."""
+    vector = [0.0] * dim
+    for word in re.findall(r"[a-z0-9]+", text.lower()):
+        if word in STOP:
+            continue
+        vector[int(hashlib.md5(word.encode()).hexdigest(), 16) % dim] += 1.0
+    if not any(vector):
+        vector[0] = 1.0
+    norm = math.sqrt(sum(v * v for v in vector))
+    packed = struct.pack(f"<{dim}f", *(v / norm for v in vector))
+    return list(struct.unpack(f"<{dim}f", packed))
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+EXTRACTIONS = {
+    "Acme Widget": (
+        "entity<|#|>Acme Widget<|#|>product<|#|>The Acme Widget is a blue gadget made by Acme Corp.\n"
+        "entity<|#|>Acme Corp<|#|>organization<|#|>Acme Corp makes the Acme Widget.\n"
+        "relation<|#|>Acme Corp<|#|>Acme Widget<|#|>manufacturing<|#|>Acme Corp manufactures the Acme Widget.\n"
+    ),
+    "zebra": (
+        "entity<|#|>Zebra<|#|>animal<|#|>The striped zebra lives on the savanna.\n"
+        "entity<|#|>Savanna<|#|>location<|#|>The savanna is where zebras live.\n"
+        "relation<|#|>Zebra<|#|>Savanna<|#|>habitat<|#|>Zebras live on the savanna.\n"
+    ),
+}
+
+
+@dataclass
+class LlmScript:
+    """What the fake LLM answers LightRAG; ``hang_answers`` makes the answer call hang (after
+    setting ``answer_arrived``), to stop the server mid-query."""
+
+    hang_answers: bool = False
+    answer_arrived: threading.Event = field(default_factory=threading.Event)
+
+    def __call__(self, body: dict[str, Any]) -> Reply | str:
+        messages = body.get("messages") or []
+        system = "\n".join(_text(m) for m in messages if m.get("role") == "system")
+        user = _text(messages[-1]) if messages else ""
+        everything = system + "\n" + "\n".join(_text(m) for m in messages)
+        if "<|#|>" in system or "Knowledge Graph Specialist" in system:
+            found = [lines for name, lines in EXTRACTIONS.items() if name.lower() in everything.lower()]
+            return "".join(found) + "<|COMPLETE|>" if found else "I could not find anything."
+        if "keyword" in everything.lower() and (body.get("response_format") or "keywords" in everything.lower()):
+            words = [w for w in re.findall(r"[A-Za-z]+", user) if w.lower() not in STOP]
+            return json.dumps({"high_level_keywords": words[:2], "low_level_keywords": words[:6]})
+        if self.hang_answers:
+            self.answer_arrived.set()
+            return Reply(hang=True)
+        # An answer that cites like a real model: it repeats the reference list LightRAG gave it
+        # (with the provider's file names), which the gateway must map back to workspace paths.
+        refs = re.findall(r"^\s*[-*]?\s*\[(\d+)\]\s*(\S+)\s*$", system, re.MULTILINE)
+        listing = "\n".join(f"- [{n}] {name}" for n, name in refs)
+        return f"The Acme Widget is blue and the zebra is striped.\n\n### References\n{listing}"
+
+
+# -- the LightRAG server ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LightRAG:
+    process: subprocess.Popen[bytes]
+    url: str
+    working_dir: Path
+    log: list[str]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def start_lightrag(base: Path, llm_url: str) -> LightRAG:
+    if not SERVER_BIN.exists():
+        pytest.fail(
+            f"lightrag-server not found at {SERVER_BIN}: run `contrib/peers/install.sh lightrag` "
+            "(or set LIGHTRAG_SERVER_BIN)",
+            pytrace=False,
+        )
+    if not (TIKTOKEN_DIR / TIKTOKEN_FILE).exists():
+        pytest.fail(
+            f"tiktoken's o200k_base file is missing from {TIKTOKEN_DIR}: run `contrib/peers/install.sh lightrag` "
+            "(or set TIKTOKEN_CACHE_DIR)",
+            pytrace=False,
+        )
+    base.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    working = base / "rag-storage"
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(base),
+        "LLM_BINDING": "openai",
+        "LLM_BINDING_HOST": llm_url,
+        "LLM_MODEL": "m",
+        "LLM_BINDING_API_KEY": "x",
+        "EMBEDDING_BINDING": "openai",
+        "EMBEDDING_BINDING_HOST": llm_url,
+        "EMBEDDING_MODEL": "e",
+        "EMBEDDING_DIM": str(EMBEDDING_DIM),
+        "EMBEDDING_BINDING_API_KEY": "x",
+        "LIGHTRAG_API_KEY": API_KEY,
+        "WHITELIST_PATHS": "/health",
+        "TIKTOKEN_CACHE_DIR": str(TIKTOKEN_DIR),
+        "WORKING_DIR": str(working),
+        "INPUT_DIR": str(base / "inputs"),
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "COSINE_THRESHOLD": "0.1",
+        "TIMEOUT": "30",
+        "LLM_TIMEOUT": "30",
+    }
+    process = subprocess.Popen(
+        [str(SERVER_BIN)], cwd=str(base), env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def drain() -> None:
+        assert process.stdout is not None
+        for raw in process.stdout:
+            line = raw.decode("utf-8", "replace").rstrip()
+            lines.append(line)
+            if "Application startup complete" in line or "Uvicorn running on" in line:
+                ready.set()
+        ready.set()  # exited
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not ready.wait(STARTUP_SECONDS) or process.poll() is not None:
+        process.kill()
+        tail = "\n".join(lines[-30:])
+        pytest.fail(f"lightrag-server did not start within {STARTUP_SECONDS:g} s:\n{tail}", pytrace=False)
+    return LightRAG(process, f"http://127.0.0.1:{port}", working, lines)
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[tuple[FakeOpenAI, LlmScript]]:
+    original = fake_server._embedding
+    fake_server._embedding = bag_of_words  # type: ignore[assignment]
+    script = LlmScript()
+    fake = FakeOpenAI(default=script, embedding_dim=EMBEDDING_DIM)
+    fake.start_in_thread()
+    try:
+        yield fake, script
+    finally:
+        fake.stop_thread()
+        fake_server._embedding = original  # type: ignore[assignment]
+
+
+@pytest.fixture(scope="module")
+def rag(llm: tuple[FakeOpenAI, LlmScript], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LightRAG]:
+    server = start_lightrag(tmp_path_factory.mktemp("lightrag"), llm[0].base_url)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = tmp_path_factory.mktemp("ws")
+    for rel, text in (("notes/widget.md", WIDGET), ("research/zebra.md", ZEBRA), ("other/widget.md", OTHER_WIDGET)):
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(text)
+    return ws
+
+
+class Seen:
+    """Every response text, checked for provider leaks at the end of a test."""
+
+    def __init__(self, server: LightRAG) -> None:
+        self.server = server
+        self.texts: list[str] = []
+
+    def add(self, value: Any) -> Any:
+        self.texts.append(value if isinstance(value, str) else json.dumps(value))
+        return value
+
+    def check(self) -> None:
+        port = self.server.url.rsplit(":", 1)[1]
+        for text in self.texts:
+            assert self.server.url not in text, text[:500]
+            assert f"127.0.0.1:{port}" not in text and f"localhost:{port}" not in text, text[:500]
+            assert "file://" not in text, text[:500]
+            assert str(self.server.working_dir) not in text and "rag-storage" not in text, text[:500]
+            assert API_KEY not in text
+
+
+async def gateway_client(rag: LightRAG, workspace: Path, data: Path) -> TestClient:
+    config = Config.load(
+        None,
+        env={},
+        overrides={
+            "gateway": {"data_dir": str(data)},
+            "chat_only": {"base_url": "http://127.0.0.1:9/v1", "model": "m"},
+            "workspaces": {"roots": {WORKSPACE: str(workspace)}},
+            "lightrag": {"url": rag.url, "api_key": API_KEY, "mode": "mix", "timeout_seconds": 60.0},
+        },
+    )
+    agent = ToolAgent("kb-agent", arguments={"query": "Compare the Acme Widget and the striped zebra"})
+    client = TestClient(TestServer(build_app(config, plugin_host(ToolAgentPlugin(agent)))))
+    await client.start_server()
+    return client
+
+
+@pytest.fixture
+async def client(rag: LightRAG, workspace: Path, tmp_path: Path) -> AsyncIterator[TestClient]:
+    made = await gateway_client(rag, workspace, tmp_path / "gw")
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def scope_of(client: TestClient, actor: str = "local", roots: list[str] | None = None) -> RunScope:
+    gateway = client.app[GATEWAY_KEY]
+    run = Run(
+        host_run_id="run_" + os.urandom(6).hex(),
+        request_id="r",
+        agent_id="kb-agent",
+        provider="test",
+        session_id="s",
+        actor_id=actor,
+        workspace_id=WORKSPACE,
+        request={"message": "x", "context": {"allowedRoots": roots if roots is not None else [""]}},
+    )
+    return gateway.tools.scope_for(run)
+
+
+async def index(client: TestClient, seen: Seen, paths: list[str]) -> None:
+    gateway = client.app[GATEWAY_KEY]
+    service = service_of(gateway)
+    assert service is not None
+    existing = {d["sourcePath"] for d in await service.list_documents(where(client))}
+    for path in paths:
+        if path in existing:
+            continue
+        response = await client.post("/v1/knowledge/documents", json={"workspaceId": WORKSPACE, "path": path})
+        body = seen.add(await response.json())
+        assert response.status == 202, body
+        assert body["sourcePath"] == path and body["trackId"]
+        tracked = await wait_processed(service, where(client), body["trackId"], timeout=WAIT)
+        assert [d["status"] for d in tracked["documents"]] == ["processed"], tracked
+        status = await client.get(f"/v1/knowledge/documents/track/{body['trackId']}", params={"workspaceId": WORKSPACE})
+        seen.add(await status.text())
+        assert (await status.json())["documents"][0]["sourcePath"] == path
+
+
+def where(client: TestClient) -> Where:
+    gateway = client.app[GATEWAY_KEY]
+
+    async def in_thread(fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(gateway.executor, fn, *args)
+
+    return Where(WORKSPACE, gateway.config.workspace_roots[WORKSPACE], [""], in_thread)
+
+
+# -- tests ------------------------------------------------------------------------------------------------
+
+
+async def test_index_query_filter_open(client: TestClient, rag: LightRAG, workspace: Path) -> None:
+    seen = Seen(rag)
+    gateway = client.app[GATEWAY_KEY]
+    status = seen.add(await (await client.get("/v1/knowledge/status")).json())
+    assert status["configured"] is True and status["available"] is True, status
+    assert status["providerVersion"] == "1.5.7"
+
+    await index(client, seen, ["notes/widget.md", "research/zebra.md"])
+    listed = seen.add(await (await client.get("/v1/knowledge/documents", params={"workspaceId": WORKSPACE})).json())
+    assert {d["sourcePath"] for d in listed["documents"]} >= {"notes/widget.md", "research/zebra.md"}
+
+    # the tool, through the facade (validation, receipt)
+    scope = scope_of(client)
+    result = seen.add(
+        await gateway.tools.call(
+            "knowledge_rag.query", {"query": "Compare the Acme Widget and the striped zebra"}, scope, caller="test"
+        )
+    )
+    assert result["schema"] == "gateway.knowledge_rag.query_result.v1"
+    assert result["sourceScopeMode"] == "post_filter_mapped_references"
+    assert "after retrieval" in result["sourceScope"]["description"]
+    assert result["answer"].startswith("The Acme Widget is blue")
+    refs = {r["sourcePath"]: r for r in result["references"]}
+    assert set(refs) == {"notes/widget.md", "research/zebra.md"}, result["references"]
+    widget = refs["notes/widget.md"]
+    assert widget["schema"] == "gateway.knowledge_rag.reference.v1"
+    assert widget["citationUrl"].startswith("agent-gateway://workspace/local%3Atest/notes/widget.md")
+    assert widget["citationMarkdown"].startswith("[notes/widget.md")
+    assert widget["citationUrl"] in widget["citationMarkdown"]
+    # the chunk is the whole (short) file, found as it is: a precise line locator
+    assert widget["locatorDegraded"] is False, widget
+    assert widget["locator"] == {"kind": "lines", "startLine": 1, "endLine": 4}
+    assert widget["citationUrl"].endswith("#L1-L4")
+    # the answer's reference list names workspace paths, not the provider's file names
+    assert "notes/widget.md" in result["answer"] and "%2F" not in result["answer"]
+    assert result["citations"] == [r["citationMarkdown"] for r in result["references"]]
+    receipts = gateway.storage.list_receipts(scope.run.host_run_id)
+    assert [r["tool"] for r in receipts] == ["knowledge_rag.query"] and receipts[0]["allowed"] is True
+
+    # sourcePaths: a post-filter of the mapped references, described as such
+    filtered = seen.add(
+        await gateway.tools.call(
+            "knowledge_rag.query",
+            {"query": "Compare the Acme Widget and the striped zebra", "sourcePaths": ["notes/"]},
+            scope,
+            caller="test",
+        )
+    )
+    assert [r["sourcePath"] for r in filtered["references"]] == ["notes/widget.md"]
+    assert filtered["sourceScope"]["sourcePaths"] == ["notes/"]
+    assert filtered["sourceScope"]["retrievedReferences"] == 2 and filtered["sourceScope"]["returnedReferences"] == 1
+
+    # over HTTP for hosts, same shape
+    response = await client.post(
+        "/v1/knowledge/query",
+        json={"workspaceId": WORKSPACE, "query": "Where does the zebra live?", "sourcePaths": ["research/zebra.md"]},
+    )
+    body = seen.add(await response.json())
+    assert response.status == 200, body
+    assert [r["sourcePath"] for r in body["references"]] == ["research/zebra.md"]
+
+    # open_reference: from a reference (precise), from a provider hint, degraded when not locatable
+    opened = seen.add(
+        await gateway.tools.call("knowledge_rag.open_reference", {"reference": widget}, scope, caller="test")
+    )
+    assert opened["locatorDegraded"] is False and opened["locator"]["startLine"] == 1
+    hint = seen.add(
+        await gateway.tools.call(
+            "knowledge_rag.open_reference",
+            {"filePath": widget["filePath"], "excerpt": "The widget weighs two kilograms."},
+            scope,
+            caller="test",
+        )
+    )
+    assert hint["sourcePath"] == "notes/widget.md"
+    assert hint["locator"] == {"kind": "lines", "startLine": 4, "endLine": 4}
+    assert hint["citationMarkdown"].startswith("[notes/widget.md · line 4]")
+    degraded = seen.add(
+        await gateway.tools.call(
+            "knowledge_rag.open_reference", {"sourcePath": "research/zebra.md", "excerpt": "not in the file at all"},
+            scope, caller="test",
+        )
+    )  # fmt: skip
+    assert degraded["locatorDegraded"] is True and degraded["locator"] == {"kind": "document"}
+    assert degraded["degradedReason"] and "#L" not in degraded["citationUrl"]
+    assert "line" not in degraded["citationMarkdown"]
+    # a run whose allowed roots exclude the file: no reading it, the citation degrades
+    narrow = seen.add(
+        await gateway.tools.call(
+            "knowledge_rag.open_reference", {"reference": widget}, scope_of(client, roots=["research"]), caller="test"
+        )
+    )
+    assert narrow["locatorDegraded"] is True
+    # an unmapped provider name (not added through the gateway): cited by name, no link, degraded
+    foreign = seen.add(
+        await gateway.tools.call("knowledge_rag.open_reference", {"filePath": "/srv/rag/inputs/x.pdf"}, scope,
+                                 caller="test")
+    )  # fmt: skip
+    assert foreign["sourcePath"] is None and foreign["citationUrl"] is None and foreign["locatorDegraded"] is True
+    assert "/srv/rag" not in json.dumps(foreign)
+    http_open = await client.post("/v1/knowledge/open_reference", json={"workspaceId": WORKSPACE, "reference": widget})
+    assert (seen.add(await http_open.json()))["locatorDegraded"] is False
+
+    # same basename in another folder: accepted (LightRAG keeps basenames; the gateway encodes paths)
+    await index(client, seen, ["other/widget.md"])
+    again = await client.post("/v1/knowledge/documents", json={"workspaceId": WORKSPACE, "path": "notes/widget.md"})
+    assert again.status == 409 and (seen.add(await again.json()))["error"]["code"] == "already_exists"
+    outside = await client.post("/v1/knowledge/documents", json={"workspaceId": WORKSPACE, "path": "../etc/passwd"})
+    assert outside.status == 400 and (seen.add(await outside.json()))["error"]["code"] == "path_refused"
+    text_doc = await client.post(
+        "/v1/knowledge/documents",
+        json={"workspaceId": WORKSPACE, "text": "Gnus are large antelopes.", "name": "inbox/gnu.md"},
+    )
+    added = seen.add(await text_doc.json())
+    assert text_doc.status == 202 and added["sourcePath"] == "inbox/gnu.md"
+    # deleting while the provider's pipeline works is refused by it ("busy"): let it finish first
+    service = service_of(gateway)
+    assert service is not None
+    await wait_processed(service, where(client), added["trackId"], timeout=WAIT)
+
+    # delete through the gateway
+    deleted = await client.delete(
+        "/v1/knowledge/documents", json={"workspaceId": WORKSPACE, "sourcePaths": ["other/widget.md"]}
+    )
+    body = seen.add(await deleted.json())
+    assert deleted.status == 202, body
+    assert body["deleted"][0]["sourcePath"] == "other/widget.md"
+    missing = await client.delete(
+        "/v1/knowledge/documents", json={"workspaceId": WORKSPACE, "sourcePaths": ["nope.md"]}
+    )
+    assert missing.status == 404 and (seen.add(await missing.json()))["error"]["code"] == "not_found"
+    seen.check()
+
+
+async def test_turn_calls_knowledge_query_and_events_carry_citations(
+    client: TestClient, rag: LightRAG, workspace: Path
+) -> None:
+    """The agent calls knowledge_rag.query as an MCP call would (through the facade, with the
+    run's scope); the run's events carry the citations."""
+    seen = Seen(rag)
+    await index(client, seen, ["notes/widget.md", "research/zebra.md"])
+    body = {
+        "requestId": "r-kb",
+        "agentId": "kb-agent",
+        "sessionId": "s-kb",
+        "workspaceId": WORKSPACE,
+        "message": "knowledge_rag.query",
+        "context": {"allowedRoots": [""]},
+    }
+    receipt, events = await run_to_end(client, body, timeout=WAIT)
+    seen.add([e["data"] for e in events])
+    assert events[-1]["event"] == "run.completed"
+    facade_done = [
+        e["data"]["payload"] for e in events if e["event"] == "tool.completed" and e["data"]["source"] == "tool"
+    ]
+    assert facade_done and facade_done[0]["status"] == "completed" and facade_done[0]["receiptId"]
+    agent_done = [
+        e["data"]["payload"] for e in events if e["event"] == "tool.completed" and e["data"]["source"] == "agent"
+    ]
+    citations = agent_done[0]["result"]["citations"]
+    assert any(c.startswith("[notes/widget.md") for c in citations), citations
+    final = next(e["data"]["payload"]["text"] for e in events if e["event"] == "message.completed")
+    assert "[notes/widget.md" in final and "agent-gateway://workspace/" in final
+    receipts = await (await client.get(f"/v1/runs/{receipt['hostRunId']}/receipts")).json()
+    assert [r["tool"] for r in receipts["receipts"]] == ["knowledge_rag.query"]
+    seen.check()
+
+
+async def test_server_stopped_mid_query_is_a_clear_tool_error_and_the_run_goes_on(
+    llm: tuple[FakeOpenAI, LlmScript], workspace: Path, tmp_path: Path
+) -> None:
+    fake, script = llm
+    server = start_lightrag(tmp_path / "rag2", fake.base_url)
+    made = await gateway_client(server, workspace, tmp_path / "gw2")
+    seen = Seen(server)
+    try:
+        await index(made, seen, ["notes/widget.md"])
+        script.answer_arrived.clear()
+        script.hang_answers = True
+        body = {
+            "requestId": "r-stop",
+            "agentId": "kb-agent",
+            "sessionId": "s-stop",
+            "workspaceId": WORKSPACE,
+            "message": "knowledge_rag.query",
+            "context": {"allowedRoots": [""]},
+        }
+        run = asyncio.create_task(run_to_end(made, body, timeout=WAIT))
+        arrived = await asyncio.get_running_loop().run_in_executor(None, script.answer_arrived.wait, WAIT)
+        assert arrived, "LightRAG never asked the fake LLM for the answer"
+        server.stop()  # mid-query: the gateway's request is in flight
+        async with asyncio.timeout(WAIT):
+            _, events = await run
+        seen.add([e["data"] for e in events])
+        assert events[-1]["event"] == "run.completed"
+        failed = [
+            e["data"]["payload"] for e in events if e["event"] == "tool.completed" and e["data"]["source"] == "tool"
+        ]
+        assert failed[0]["status"] == "failed"
+        assert failed[0]["error"]["code"] == "provider_unavailable", failed
+        assert "after one retry" in failed[0]["error"]["message"]
+        final = next(e["data"]["payload"]["text"] for e in events if e["event"] == "message.completed")
+        assert final.startswith("the tool failed: provider_unavailable")
+
+        # the tool itself, with the server gone: a clear error at once, no hang
+        async with asyncio.timeout(WAIT):
+            with pytest.raises(ToolError) as info:
+                await made.app[GATEWAY_KEY].tools.call(
+                    "knowledge_rag.query", {"query": "what is the widget"}, scope_of(made), caller="test"
+                )
+        assert info.value.code == "provider_unavailable"
+        seen.add(info.value.message)
+        status = seen.add(await (await made.get("/v1/knowledge/status")).json())
+        assert status["available"] is False and status["reason"]
+        http = await made.post("/v1/knowledge/query", json={"workspaceId": WORKSPACE, "query": "what is the widget"})
+        assert http.status == 503 and (seen.add(await http.json()))["error"]["code"] == "provider_unavailable"
+        seen.check()
+    finally:
+        script.hang_answers = False
+        await made.close()
+        server.stop()
