@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.bus import Bus
 from gateway.config import Config, section_specs_from_hook
 from gateway.errors import ApiError, json_errors
+from gateway.files import FS_TOOLS, AgentFiles
 from gateway.journal import Journal
 from gateway.mcp import MCP_PATH
 from gateway.mcp import http as mcp_http
@@ -70,7 +71,7 @@ class Gateway:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()
         self.tools = ToolFacade(
-            plugins.tools(config),
+            [*plugins.tools(config), *FS_TOOLS],
             plugins,
             storage,
             self.executor,
@@ -86,6 +87,7 @@ class Gateway:
             "data_dir": self.data_dir,
             "workspace_roots": config.workspace_roots,
             "tools": self.tools,
+            "files": AgentFiles(self.tools),
         }
         self.services["mcp_servers_for"] = mcp_servers_for(self)
         self.runs = RunManager(

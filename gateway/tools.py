@@ -102,6 +102,9 @@ class Tool:
     writes: bool = False
     path_must_exist: bool = True
     scope_paths: Callable[[RunScope], Mapping[str, str | None]] | None = None
+    # Core-internal tools (the ACP fs/* methods) go through the same pipeline but are not
+    # offered to agents in `tools/list`.
+    internal: bool = False
 
     def describe(self) -> dict[str, Any]:
         """The MCP ``tools/list`` entry."""
@@ -404,7 +407,7 @@ class ToolFacade:
 
     def list_tools(self, scope: RunScope) -> list[dict[str, Any]]:
         """MCP-style descriptions of the tools this run may call."""
-        return [t.describe() for t in self._tools.values() if self._enabled(t, scope)]
+        return [t.describe() for t in self._tools.values() if self._enabled(t, scope) and not t.internal]
 
     async def _thread(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

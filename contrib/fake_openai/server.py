@@ -336,7 +336,7 @@ class FakeOpenAI:
             asyncio.set_event_loop(loop)
             try:
                 loop.run_until_complete(self.start(port))
-            except BaseException as exc:  # noqa: BLE001 - reported to the caller
+            except BaseException as exc:
                 failure.append(exc)
                 started.set()
                 loop.close()
@@ -493,7 +493,7 @@ class FakeOpenAI:
         self._record(body)
         try:
             reply = self._next_reply(body)
-        except Exception as exc:  # noqa: BLE001 - a broken script callable
+        except Exception as exc:
             return _error_response(500, f"fake-openai: default reply failed: {exc!r}")
         if reply.status != 200:
             error = reply.error_message or f"fake-openai scripted error {reply.status}"
