@@ -349,6 +349,11 @@ async def mcp_gateway(
     plugins = PluginHost.load(env={}, extra=(ToolPlugin(),))
     app = create_app(config, plugins)
     gateway = app[GATEWAY_KEY]
+    # The chat-only runtime stands in for an agent that holds a run open; a tool-less agent's
+    # runs get every tool capability switched off, so let this one reach tools.
+    chat = gateway.runtimes["chat-only"]
+    described = chat.describe
+    monkeypatch.setattr(chat, "describe", lambda: {**described(), "toolAccess": True})
     mount_mcp(app, gateway, monkeypatch)
     client = TestClient(TestServer(app))
     await client.start_server()
