@@ -26,10 +26,13 @@ echo "== installing agent-gateway[test]"
 "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]"
 
 # 3. The real agent peers (Reasonix, Hermes, Pi, LightRAG) in their own folders and venvs.
-if [ -x contrib/peers/install.sh ] || [ -f contrib/peers/install.sh ]; then
-  echo "== installing agent peers"
-  eval "$(bash contrib/peers/install.sh | grep -E '^[A-Z_]+=' | sed 's/^/export /')"
-fi
+echo "== installing agent peers (Reasonix, Hermes, Pi, LightRAG)"
+peers_env=$(mktemp)
+bash contrib/peers/install.sh > "$peers_env"   # fails loudly: set -e
+while IFS='=' read -r key value; do
+  [[ "$key" =~ ^[A-Z_]+$ ]] && export "$key=$value"
+done < "$peers_env"
+rm -f "$peers_env"
 
 # 4. The suite.
 echo "== running tests"
