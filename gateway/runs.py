@@ -36,6 +36,8 @@ log = logging.getLogger("gateway.runs")
 
 MAX_ID_LENGTH = 200
 TRANSCRIPT_KEEP_TURNS = 50
+TURN_TOOLS_KEPT = 20
+TURN_FILES_KEPT = 50
 
 
 def canonical_hash(value: Any) -> str:
@@ -104,6 +106,9 @@ class ActiveRun:
     cancel_requested: bool = False
     turn_recorded: bool = False
     permissions: dict[str, tuple[asyncio.Future[str | None], list[str]]] = field(default_factory=dict)
+    # What the turn did, for the session transcript (and so for a later cold-resume packet).
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, None] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -133,6 +138,7 @@ class RunManager:
         self._creating: dict[tuple[str, ...], asyncio.Lock] = {}
         self._shutting_down = False
         self._watchdogs: set[asyncio.Task[None]] = set()
+        journal.on_append.append(self._observe)
         self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
         self.created = 0
         self.listeners: list[Callable[[Run], None]] = []
@@ -395,6 +401,23 @@ class RunManager:
 
         tools.disabled_by_run[run.host_run_id] = await disabled_capabilities_for(gateway, run.actor_id, run.agent_id)
 
+    def _observe(self, event: Any) -> None:
+        """Note tool calls and changed files of active runs (summaries only, bounded)."""
+        if event.kind not in ("tool.completed", "files.changed"):
+            return
+        active = self._active.get(event.host_run_id)
+        if active is None:
+            return
+        payload = event.payload
+        if event.kind == "tool.completed" and len(active.tools) < TURN_TOOLS_KEPT:
+            active.tools.append(
+                {"tool": payload.get("tool"), "status": payload.get("status"), "path": payload.get("path")}
+            )
+        elif event.kind == "files.changed":
+            for change in payload.get("changes") or ():
+                if len(active.files) < TURN_FILES_KEPT and isinstance(change, dict) and change.get("path"):
+                    active.files[str(change["path"])] = None
+
     async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
         record = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {
             "sessionId": run.session_id,
@@ -417,6 +440,8 @@ class RunManager:
             "status": status,
             "user": turn.message,
             "assistant": turn.assistant_text,
+            "tools": active.tools,
+            "files": list(active.files),
             "at": now_ms(),
         }
         try:

@@ -60,14 +60,23 @@ def has_context(context: dict[str, Any]) -> bool:
 def cold_resume_packet(
     history: list[dict[str, Any]], max_turns: int = PACKET_MAX_TURNS, max_chars: int = PACKET_MAX_CHARS
 ) -> list[dict[str, Any]]:
-    """The last finished turns (user and assistant finals only), newest kept when over budget."""
+    """The last finished turns, newest kept when over budget: user and assistant finals, a summary
+    of the tools called and the files changed (never thoughts or raw tool output)."""
     packet: list[dict[str, Any]] = []
     used = 0
     for entry in reversed(history):
         if entry.get("status") != "completed":
             continue
-        item = {"user": entry.get("user", ""), "assistant": entry.get("assistant", "")}
-        size = len(item["user"]) + len(item["assistant"])
+        item: dict[str, Any] = {"user": entry.get("user", ""), "assistant": entry.get("assistant", "")}
+        tools = [
+            f"{t.get('tool')} {t.get('path') or ''} ({t.get('status')})".replace("  ", " ")
+            for t in entry.get("tools") or ()
+        ][:10]
+        if tools:
+            item["tools"] = tools
+        if entry.get("files"):
+            item["files"] = list(entry["files"])[:20]
+        size = len(item["user"]) + len(item["assistant"]) + sum(len(t) for t in tools)
         if packet and used + size > max_chars:
             break
         if size > max_chars:  # a single huge turn: keep its tail

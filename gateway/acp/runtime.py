@@ -513,6 +513,10 @@ class AcpRuntime:
                 lines.append(f"User: {entry['user']}")
                 if entry.get("assistant"):
                     lines.append(f"Assistant: {entry['assistant']}")
+                if entry.get("tools"):
+                    lines.append("Tools used: " + "; ".join(entry["tools"]))
+                if entry.get("files"):
+                    lines.append("Files changed: " + ", ".join(entry["files"]))
             lines.append("[End of earlier turns]")
             parts.append("\n".join(lines))
         target = turn.context.get("target") or {}
