@@ -70,6 +70,8 @@ class Gateway:
             if strategy is not None:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()
+        # OpenAPI path items of plugin routes, merged into /openapi.json.
+        self.openapi_paths: dict[str, Any] = {}
         self.tools = ToolFacade(
             [*plugins.tools(config), *FS_TOOLS],
             plugins,

@@ -57,11 +57,13 @@ class Subscriber:
 
     def take(self, limit: int) -> list[Event]:
         buffer = self.buffer
-        count = min(limit, len(buffer))
-        items = [buffer.popleft() for _ in range(count)]
-        if not buffer:
+        if len(buffer) <= limit:
+            items = list(buffer)
+            buffer.clear()
             self.wakeup.clear()
-        return items
+            return items
+        popleft = buffer.popleft
+        return [popleft() for _ in range(limit)]
 
 
 class Bus:

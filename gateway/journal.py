@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bus import Bus
-from gateway.models import Event
+from gateway.models import TERMINAL_KINDS, Event
 from gateway.storage import Storage
 
 log = logging.getLogger("gateway.journal")
@@ -139,27 +139,35 @@ class Journal:
         after a terminal event)."""
         if self._closed:
             raise JournalClosed("journal is closed")
-        if len(self._queue) >= self.max_pending:
+        queue = self._queue
+        if len(queue) >= self.max_pending:
             self._room.clear()
             await self._room.wait()
-        if host_run_id not in self._next_seq:
+        next_seq = self._next_seq
+        seq = next_seq.get(host_run_id)
+        if seq is None:
             raise KeyError(f"run {host_run_id} is not open in the journal")
         if host_run_id in self._terminal:
             log.warning("dropped %s after the terminal event of %s", kind, host_run_id)
             return None
-        seq = self._next_seq[host_run_id]
-        self._next_seq[host_run_id] = seq + 1
+        next_seq[host_run_id] = seq + 1
         event = Event(host_run_id, seq, kind, source, payload)
-        if event.is_terminal:
+        if kind in TERMINAL_KINDS:
             self._terminal.add(host_run_id)
         self._appended += 1
-        self._spool(event)
-        self._queue.append(event)
-        self._pending_by_run.setdefault(host_run_id, deque()).append(event)
-        self._queue_ready.set()
+        if self._segments:
+            self._spool(event)
+        queue.append(event)
+        run_pending = self._pending_by_run.get(host_run_id)
+        if run_pending is None:
+            run_pending = self._pending_by_run[host_run_id] = deque()
+        run_pending.append(event)
+        if not self._queue_ready.is_set():
+            self._queue_ready.set()
         self.bus.publish(host_run_id, event)
-        for hook in self.on_append:
-            hook(event)
+        if self.on_append:
+            for hook in self.on_append:
+                hook(event)
         return event
 
     async def flush(self) -> None:
@@ -258,10 +266,11 @@ class Journal:
     def _spool(self, event: Event) -> None:
         if not self._segments:
             return
-        if not self._spool_buffer:
+        buffer = self._spool_buffer
+        if not buffer:
             asyncio.get_running_loop().call_soon(self.sync_spool)
-        self._spool_buffer.append(event.wire_bytes())
-        self._spool_buffer.append(b"\n")
+        buffer.append(event.wire_bytes())
+        buffer.append(b"\n")
 
     def sync_spool(self) -> None:
         """Write buffered spool lines: one `write()` per loop tick, and always before any reader

@@ -42,6 +42,19 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str).encode()
 
 
+_JSON_STRINGS: dict[str, bytes] = {}
+
+
+def _json_string(text: str) -> bytes:
+    """`dumps(text)` for the few strings every event repeats (run id, kind, source), memoised."""
+    encoded = _JSON_STRINGS.get(text)
+    if encoded is None:
+        if len(_JSON_STRINGS) >= 4096:
+            _JSON_STRINGS.clear()
+        encoded = _JSON_STRINGS[text] = dumps(text)
+    return encoded
+
+
 def dumps_str(text: str) -> str:
     return dumps(text).decode()
 
@@ -50,9 +63,16 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_CURSOR_FORMAT = f"%0{CURSOR_WIDTH}d"
+_WIRE_FORMAT = (
+    b'{"schema":"' + EVENT_SCHEMA.encode() + b'","hostRunId":%b,"seq":"%b","kind":%b,"source":%b,"payload":%b,'
+    b'"createdAt":%d}'
+)
+
+
 def format_cursor(seq: int) -> str:
     """The text cursor clients see: the seq zero-padded to 18 digits (sorts as text too)."""
-    return f"{seq:0{CURSOR_WIDTH}d}"
+    return _CURSOR_FORMAT % seq
 
 
 def parse_cursor(text: str | None) -> int:
@@ -128,6 +148,7 @@ class Event:
     # Serialised once, shared by the spool, storage, every SSE client and JSON pages.
     _payload_bytes: bytes | None = field(default=None, repr=False, compare=False)
     _wire: bytes | None = field(default=None, repr=False, compare=False)
+    _frame: bytes | None = field(default=None, repr=False, compare=False)
 
     def payload_bytes(self) -> bytes:
         if self._payload_bytes is None:
@@ -139,16 +160,32 @@ class Event:
 
     def wire_bytes(self) -> bytes:
         """The event's wire JSON (`gateway.run_event.v1`), built around the payload bytes."""
-        if self._wire is None:
-            head = (
-                f'{{"schema":"{EVENT_SCHEMA}","hostRunId":{dumps_str(self.host_run_id)},"seq":"{self.cursor}",'
-                f'"kind":{dumps_str(self.kind)},"source":{dumps_str(self.source)},"payload":'
+        wire = self._wire
+        if wire is None:
+            wire = self._wire = _WIRE_FORMAT % (
+                _json_string(self.host_run_id),
+                (_CURSOR_FORMAT % self.seq).encode(),
+                _json_string(self.kind),
+                _json_string(self.source),
+                self._payload_bytes or self.payload_bytes(),
+                int(self.created_at),
             )
-            self._wire = head.encode() + self.payload_bytes() + f',"createdAt":{int(self.created_at)}}}'.encode()
-        return self._wire
+        return wire
 
     def wire_json(self) -> str:
         return self.wire_bytes().decode()
+
+    def sse_frame(self) -> bytes:
+        """The event's SSE frame (`id:`, `event:`, `data:` wire JSON), built once and shared by every
+        client that streams it."""
+        frame = self._frame
+        if frame is None:
+            frame = self._frame = b"id: %s\nevent: %s\ndata: %s\n\n" % (
+                (_CURSOR_FORMAT % self.seq).encode(),
+                self.kind.encode(),
+                self.wire_bytes(),
+            )
+        return frame
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Event:
@@ -163,7 +200,7 @@ class Event:
 
     @property
     def cursor(self) -> str:
-        return format_cursor(self.seq)
+        return _CURSOR_FORMAT % self.seq
 
     @property
     def is_terminal(self) -> bool:

@@ -23,15 +23,14 @@ SEND_TIMEOUT = 60.0
 
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
+    if project is None:
+        return b"".join([event.sse_frame() for event in events])  # each frame built once, for all
     parts: list[bytes] = []
     for event in events:
-        if project is None:
-            data = event.wire_bytes()
-        else:
-            projected = project(event)
-            if projected is None:
-                continue
-            data = projected.encode() if isinstance(projected, str) else dumps(projected)
+        projected = project(event)
+        if projected is None:
+            continue
+        data = projected.encode() if isinstance(projected, str) else dumps(projected)
         parts.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (event.cursor.encode(), event.kind.encode(), data))
     return b"".join(parts)
 
@@ -94,7 +93,9 @@ async def stream_run(
                             break
                         continue
                     continue
-                events = [e for e in subscriber.take(WRITE_BATCH) if e.seq > last]
+                events = subscriber.take(WRITE_BATCH)
+                if events and events[0].seq <= last:  # seqs increase: only a head can be stale
+                    events = [e for e in events if e.seq > last]
             if not events:
                 continue
             blob = encode_events(events, project)
@@ -103,7 +104,7 @@ async def stream_run(
                 await response.write(blob)
             stats.delivered += len(events)
             last = events[-1].seq
-            if any(e.is_terminal for e in events):
+            if events[-1].is_terminal:  # nothing follows a run's terminal event
                 break
     except (ConnectionResetError, TimeoutError):
         pass  # the client went away or stalled; it resumes with Last-Event-ID

@@ -37,10 +37,8 @@ from gateway.mcp.wiring import (
     binding_lease,
     http_entry,
     mcp_servers_for,
-    pi_mcp_json,
     run_lease,
     stdio_entry,
-    write_pi_mcp_json,
 )
 from gateway.models import Run
 from gateway.plugins import PluginHost
@@ -292,7 +290,7 @@ def test_binding_lease_follows_the_binding_across_runs() -> None:
     assert ref() is None  # the lease does not keep a closed binding alive
 
 
-def test_entries_for_acp_and_pi(tmp_path: Path) -> None:
+def test_entries_for_acp(tmp_path: Path) -> None:
     http = http_entry("http://127.0.0.1:9/", "s3cr3t-lease")
     assert http == {
         "type": "http",
@@ -305,14 +303,6 @@ def test_entries_for_acp_and_pi(tmp_path: Path) -> None:
     assert stdio["args"] == ["-m", "gateway.mcp.bridge", "--url", "http://127.0.0.1:9", "--token-env", TOKEN_ENV]
     assert "s3cr3t-lease" not in " ".join(stdio["args"])
     assert stdio["env"] == [{"name": TOKEN_ENV, "value": "s3cr3t-lease"}]
-    pi = pi_mcp_json("http://127.0.0.1:9", "s3cr3t-lease")["mcpServers"]["gateway"]
-    assert pi["exposure"] == "direct" and pi["env"] == {TOKEN_ENV: "s3cr3t-lease"} and pi["args"] == stdio["args"]
-    pi_http = pi_mcp_json("http://127.0.0.1:9", "s3cr3t-lease", http=True)["mcpServers"]["gateway"]
-    assert pi_http["type"] == "http" and "s3cr3t-lease" not in json.dumps(pi_http)
-    assert pi_http["headers"] == {"Authorization": "Bearer ${" + TOKEN_ENV + "}"}
-    path = write_pi_mcp_json(tmp_path / "agent", "http://127.0.0.1:9", "s3cr3t-lease")
-    assert json.loads(path.read_text())["mcpServers"]["gateway"]["env"][TOKEN_ENV] == "s3cr3t-lease"
-    assert path.stat().st_mode & 0o077 == 0
     assert endpoint_of("http://h:1/") == "http://h:1/v1/mcp" == endpoint_of("http://h:1/v1/mcp")
 
 

@@ -178,6 +178,7 @@ class AcpRuntime:
                 "reason": None if available else f"{self.spec.command[0] if self.spec.command else '?'} not found",
             },
             "fields": list(self.spec.fields),
+            "toolAccess": True,
             "liveBindings": len(self._bindings),
         }
 
@@ -365,8 +366,8 @@ class AcpRuntime:
                 continue
             text = extract_text(update.get("content"))
             # Consecutive chunks of one role are one message, except around the agent's own context
-            # (Reasonix replays its `<session-context …>` snapshot and the first user message as two
-            # user chunks in a row: merged, the user message was ignored along with the snapshot).
+            # (an agent may replay its own context snapshot and the first user message as two user
+            # chunks in a row: merged, the user message was ignored along with the snapshot).
             if (
                 messages
                 and messages[-1][0] == role

@@ -8,8 +8,8 @@
   lease token, not by the actor tokens.
 - :mod:`gateway.mcp.bridge`: the stdio bridge (``python -m gateway.mcp.bridge`` /
   ``agent-gateway mcp-bridge``) that relays newline-delimited JSON-RPC to ``/v1/mcp``.
-- :mod:`gateway.mcp.wiring`: the ``mcpServers`` entries for ACP ``session/new`` and Pi's
-  ``mcp.json``.
+- :mod:`gateway.mcp.wiring`: the ``mcpServers`` entries for ACP ``session/new`` (runtimes with
+  another config format convert them).
 
 This package imports nothing heavy at import time: the bridge starts in a fresh interpreter for
 every agent session and must be quick.

@@ -1,6 +1,6 @@
 """The stdio MCP bridge: newline-delimited JSON-RPC on stdin/stdout ⇄ ``POST /v1/mcp``.
 
-Agents that only speak stdio MCP (Hermes, or any ACP agent without ``mcpCapabilities.http``)
+Agents that only speak stdio MCP (any ACP agent without ``mcpCapabilities.http``)
 start it as their MCP server::
 
     AGENT_GATEWAY_MCP_TOKEN=<lease token> python -m gateway.mcp.bridge --url http://127.0.0.1:8787

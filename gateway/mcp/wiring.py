@@ -1,4 +1,4 @@
-"""How agents are given the gateway's MCP server: ACP ``mcpServers`` entries and Pi's ``mcp.json``.
+"""How agents are given the gateway's MCP server: the ACP ``mcpServers`` entries.
 
 Install for ACP runtimes with ``gateway.services["mcp_servers_for"] = mcp_servers_for(gateway)``;
 the gateway's own URL must be in ``gateway.services["base_url"]`` (set at start-up from the
@@ -13,22 +13,18 @@ and ``session/load``; the entry it gets is
 The token is a lease held by the turn's ACP binding (see :mod:`gateway.mcp.leases`): calls are
 attributed to the binding's active run (``binding.turn``; while the binding is still being opened,
 the turn opening it), refused between runs, and the lease is revoked once the binding's process is
-gone. A runtime whose turn has no binding yet when it asks (Pi writes ``mcp.json`` while spawning)
+gone. A runtime whose turn has no binding yet when it asks (one that writes an MCP config file while spawning)
 gets a *session* lease: attributed to the gateway session's running run of that agent, with the
 same pinned actor, workspace and roots (:func:`session_lease`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Hashable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.mcp import MCP_PATH, SERVER_NAME, TOKEN_ENV
@@ -69,44 +65,6 @@ def stdio_entry(base_url: str, token: str, name: str = SERVER_NAME) -> dict[str,
     return {"name": name, "command": command, "args": args, "env": [{"name": TOKEN_ENV, "value": token}]}
 
 
-def pi_mcp_json(base_url: str, token: str, *, http: bool = False, name: str = SERVER_NAME) -> dict[str, Any]:
-    """Pi 1.x's ``$PI_CODING_AGENT_DIR/mcp.json`` content serving the gateway's tools.
-
-    stdio (default): ``{"mcpServers": {"gateway": {"command", "args", "env": {TOKEN_ENV: token},
-    "exposure": "direct", "description"}}}``. ``http=True``: ``{"type": "http", "url", "headers":
-    {"Authorization": "Bearer ${AGENT_GATEWAY_MCP_TOKEN}"}, ...}`` — Pi expands ``${VAR}`` in
-    header values, so the token stays out of the file; give Pi ``AGENT_GATEWAY_MCP_TOKEN`` in its
-    environment then. Tools appear to Pi's model as ``mcp__gateway__<tool>``."""
-    entry: dict[str, Any]
-    if http:
-        entry = {
-            "type": "http",
-            "url": base_url.rstrip("/") + MCP_PATH,
-            "headers": {"Authorization": "Bearer ${" + TOKEN_ENV + "}"},
-        }
-    else:
-        command, args = bridge_command(base_url.rstrip("/"))
-        entry = {"command": command, "args": args, "env": {TOKEN_ENV: token}}
-    entry.update({"exposure": "direct", "description": DESCRIPTION})
-    return {"mcpServers": {name: entry}}
-
-
-def write_pi_mcp_json(agent_dir: Path, base_url: str, token: str, *, http: bool = False) -> Path:
-    """Write ``agent_dir/mcp.json`` atomically, readable by the owner only (it may hold a token)."""
-    agent_dir.mkdir(parents=True, exist_ok=True)
-    path = agent_dir / "mcp.json"
-    fd, tmp = tempfile.mkstemp(dir=agent_dir, prefix=".mcp.json.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(pi_mcp_json(base_url, token, http=http), handle, indent=2)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def base_url_of(gateway: Gateway) -> str | None:
     url = gateway.services.get("base_url")
     return str(url).rstrip("/") if url else None
@@ -125,7 +83,7 @@ def run_lease(gateway: Gateway, run: Run) -> str:
 
 def session_lease(gateway: Gateway, run: Run, *, idle_seconds: float = SESSION_LEASE_IDLE_SECONDS) -> str:
     """A lease for an agent process that outlives runs but has no binding object yet when it is
-    given its MCP configuration (e.g. Pi writes ``mcp.json`` before its binding exists).
+    given its MCP configuration (e.g. a runtime that writes its MCP config file before its binding exists).
 
     It is keyed by the gateway session (actor, session, agent) and the pinned scope (workspace,
     allowed roots); each call is attributed to that session's run of this agent that is running
@@ -160,7 +118,7 @@ def lease_for(
     alive: Callable[[], bool] | None = None,
     pin: tuple[str, str, tuple[str, ...]] | None = None,
 ) -> str:
-    """A lease for any holder (e.g. a Pi process living across runs): see :meth:`McpLeases.issue`."""
+    """A lease for any holder (e.g. an agent process living across runs): see :meth:`McpLeases.issue`."""
     return leases_of(gateway).issue(key, resolve_active_run, alive=alive, pin=pin)
 
 

@@ -28,7 +28,8 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         )
 
     async def openapi(request: web.Request) -> web.Response:
-        return web.json_response(spec)
+        # Plugins that add routes (register_routes) describe them in gateway.openapi_paths.
+        return web.json_response({**spec, "paths": {**spec["paths"], **gateway.openapi_paths}})
 
     app.router.add_get("/v1/health", health)
     app.router.add_get("/openapi.json", openapi)

@@ -8,6 +8,8 @@ locate citations in. Errors use the gateway's JSON error shape.
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -171,3 +173,6 @@ def setup(app: web.Application, gateway: Gateway, service: KnowledgeService) -> 
     app.router.add_post("/v1/knowledge/documents", add_document)
     app.router.add_delete("/v1/knowledge/documents", delete_documents)
     app.router.add_get("/v1/knowledge/documents/track/{track_id}", track)
+    # Describe these routes in /openapi.json.
+    openapi = json.loads((Path(__file__).parent / "openapi.json").read_text(encoding="utf-8"))
+    gateway.openapi_paths.update(openapi["paths"])

@@ -6,6 +6,8 @@ the message was queued into the running turn; 409 when the run is not running on
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -44,3 +46,6 @@ def setup(app: web.Application, gateway: Any) -> None:
 
     app.router.add_post("/v1/pi-lab/runs/{host_run_id}/steer", steer)
     app.router.add_post("/v1/pi-lab/runs/{host_run_id}/follow-up", follow_up)
+    # Describe these routes in /openapi.json.
+    openapi = json.loads((Path(__file__).parent / "openapi.json").read_text(encoding="utf-8"))
+    gateway.openapi_paths.update(openapi["paths"])

@@ -203,6 +203,7 @@ class PiRuntime:
     def describe(self) -> dict[str, Any]:
         return {
             "capabilities": ["chat", "tools.mcp", "steer", "follow_up", "session.resume"],
+            "toolAccess": True,
             "fields": [{"key": "model", "label": "Model", "kind": "string", "default": self.settings.provider_model}],
             "availability": {
                 "binaryFound": self._binary() is not None,
