@@ -41,6 +41,20 @@ Behaviours:
 ``fs``
     ``"read <path>"`` calls ``fs/read_text_file``; ``"write <path> <text>"``
     calls ``fs/write_text_file``; the reply reports the result or the error.
+``mcp``
+    an MCP client of the first server given in ``session/new`` / ``session/load``
+    (``mcpServers``): stdio (spawns ``command`` + ``args`` with ``env``) or HTTP
+    (POSTs to ``url`` with ``headers``), plain JSON-RPC (``initialize``,
+    ``notifications/initialized``, then the request). ``"call <tool> <json-arguments>"``
+    reports a ``tool_call`` (kind ``search`` for query/search/list tools, else
+    ``fetch``; status ``pending``) and a ``tool_call_update`` (``completed``, or
+    ``failed`` when the result has ``isError``, with the result text as content),
+    then streams the result's text (the tool's JSON) as the reply; ``"list"``
+    replies with the tool names, one a line. An MCP or transport error is the
+    reply ``"mcp error: ..."`` (the turn still ends with ``end_turn``).
+
+``--mcp-http`` makes any behaviour declare ``mcpCapabilities.http`` (the client then
+offers HTTP MCP servers); without it only stdio is declared.
 
 ``FAKE_ACP_DELAY`` (or ``--delay``) adds that many seconds before each message
 chunk (cancellable), to make turns slow.
@@ -50,9 +64,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +79,8 @@ from acp import (
     RequestError,
     run_agent,
     start_tool_call,
+    text_block,
+    tool_content,
     update_agent_message_text,
     update_agent_thought_text,
     update_tool_call,
@@ -75,6 +94,7 @@ from acp.schema import (
     InitializeResponse,
     ListSessionsResponse,
     LoadSessionResponse,
+    McpCapabilities,
     NewSessionResponse,
     PermissionOption,
     PromptCapabilities,
@@ -103,11 +123,15 @@ BEHAVIOURS: tuple[str, ...] = (
     "weird",
     "stderr_flood",
     "fs",
+    "mcp",
 )
 BIG_CHUNK_BYTES = 5 * 1024 * 1024
 STDERR_FLOOD_BYTES = 5 * 1024 * 1024
 CRASH_EXIT_CODE = 3
 MODELS: tuple[str, ...] = ("fake-small", "fake-large")
+MCP_PROTOCOL_VERSION = "2025-06-18"
+MCP_TIMEOUT = 120.0  # seconds for one MCP exchange (a knowledge query may be slow)
+MCP_LINE_LIMIT = 64 * 1024 * 1024  # one stdio MCP message is one line; results may be large
 
 
 @dataclass
@@ -128,13 +152,18 @@ class Cancelled(Exception):
 class FakeAgent:
     """One ACP agent whose behaviour is chosen by name (see the module docstring)."""
 
-    def __init__(self, behaviour: str, *, delay: float = 0.0, state_dir: str | None = None) -> None:
+    def __init__(
+        self, behaviour: str, *, delay: float = 0.0, state_dir: str | None = None, mcp_http: bool = False
+    ) -> None:
         if behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown behaviour {behaviour!r}")
         self.behaviour = behaviour
         self.delay = delay
         self.state_dir = Path(state_dir) if state_dir else None
+        self.mcp_http = mcp_http
         self.sessions: dict[str, SessionState] = {}
+        # The mcpServers given in session/new or session/load, by session id (plain dicts).
+        self.mcp_servers: dict[str, list[dict[str, Any]]] = {}
         self.conn: Client | None = None
 
     # ------------------------------------------------------------------ plumbing
@@ -220,6 +249,7 @@ class FakeAgent:
                     resume=SessionResumeCapabilities(),
                     close=SessionCloseCapabilities(),
                 ),
+                mcp_capabilities=McpCapabilities(http=self.mcp_http),
             ),
             agent_info=Implementation(name=f"fake-acp-{self.behaviour}", title="Fake ACP agent", version="0.1"),
         )
@@ -227,6 +257,7 @@ class FakeAgent:
     async def new_session(self, cwd: str, mcp_servers: Any = None, **kwargs: Any) -> NewSessionResponse:
         state = SessionState(f"fake-{uuid.uuid4().hex[:12]}", cwd)
         self.sessions[state.session_id] = state
+        self.mcp_servers[state.session_id] = _plain_servers(mcp_servers)
         self._persist(state)
         return NewSessionResponse(session_id=state.session_id, config_options=[self._model_option(state)])
 
@@ -235,6 +266,7 @@ class FakeAgent:
     ) -> LoadSessionResponse | None:
         if self.behaviour not in ("replay", "silent_load"):
             raise RequestError.method_not_found("session/load")
+        self.mcp_servers[session_id] = _plain_servers(mcp_servers)
         state = self._restore(session_id)
         if state is None:
             if self.behaviour == "silent_load":
@@ -254,6 +286,7 @@ class FakeAgent:
 
     async def close_session(self, session_id: str, **kwargs: Any) -> None:
         self.sessions.pop(session_id, None)
+        self.mcp_servers.pop(session_id, None)
 
     async def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
@@ -400,6 +433,74 @@ class FakeAgent:
         await self._say(sid, update_agent_message_text(reply))
         return reply, "end_turn"
 
+    async def _turn_mcp(self, state: SessionState, text: str) -> tuple[str, str] | None:
+        sid = state.session_id
+        command = text.strip().split("\n\n")[-1].strip()  # the message, after any gateway preamble
+        name, _, rest = command.partition(" ")
+        if name not in ("call", "list"):
+            return None
+        servers = self.mcp_servers.get(sid) or []
+        if name == "list":
+            try:
+                listed = await self._mcp(state, servers, "tools/list", {})
+            except McpFailure as exc:
+                return await self._reply(state, f"mcp error: {exc}")
+            names = [str(t.get("name")) for t in listed.get("tools") or [] if isinstance(t, dict)]
+            return await self._reply(state, "\n".join(names))
+        tool, _, raw_args = rest.strip().partition(" ")
+        try:
+            arguments = json.loads(raw_args) if raw_args.strip() else {}
+        except ValueError as exc:
+            return await self._reply(state, f"mcp error: the arguments are not JSON: {exc}")
+        if not tool or not isinstance(arguments, dict):
+            return await self._reply(state, "mcp error: say `call <tool-name> <json-object-arguments>`")
+        call_id = f"mcp-{len(state.history) + 1}"
+        kind: Literal["search", "fetch"] = "search" if _is_search(tool) else "fetch"
+        await self._say(sid, start_tool_call(call_id, tool, kind=kind, status="pending", raw_input=arguments))
+        try:
+            result = await self._mcp(state, servers, "tools/call", {"name": tool, "arguments": arguments})
+        except McpFailure as exc:
+            reply = f"mcp error: {exc}"
+            await self._say(sid, update_tool_call(call_id, status="failed", content=[tool_content(text_block(reply))]))
+            return await self._reply(state, reply)
+        except Cancelled:
+            await self._say(sid, update_tool_call(call_id, status="failed", raw_output={"cancelled": True}))
+            raise
+        result_text = "".join(
+            str(block.get("text", ""))
+            for block in result.get("content") or []
+            if isinstance(block, dict) and block.get("type") == "text"
+        )
+        status: Literal["completed", "failed"] = "failed" if result.get("isError") else "completed"
+        await self._say(sid, update_tool_call(call_id, status=status, content=[tool_content(text_block(result_text))]))
+        return await self._reply(state, result_text)
+
+    async def _reply(self, state: SessionState, reply: str) -> tuple[str, str]:
+        await self._stream(state, reply)
+        return reply, "end_turn"
+
+    async def _mcp(
+        self, state: SessionState, servers: list[dict[str, Any]], method: str, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One MCP request to the session's first server (a fresh connection), cancellable."""
+        if not servers:
+            raise McpFailure("no MCP server was given in session/new")
+        client = McpClient(servers[0])
+        work = asyncio.ensure_future(client.exchange(method, params))
+        stop = asyncio.ensure_future(state.cancel.wait())
+        try:
+            done, _ = await asyncio.wait({work, stop}, timeout=MCP_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if work in done:
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        if stop in done:
+            raise Cancelled
+        raise McpFailure(f"{method} got no answer within {MCP_TIMEOUT:g} s")
+
     # ------------------------------------------------------------------ helpers
 
     def _session(self, session_id: str) -> SessionState:
@@ -420,6 +521,207 @@ class FakeAgent:
         )
 
 
+# ---------------------------------------------------------------------- a minimal MCP client
+
+
+class McpFailure(Exception):
+    """The MCP server could not be reached, or answered a JSON-RPC error."""
+
+
+def _plain_servers(servers: Any) -> list[dict[str, Any]]:
+    """The ``mcpServers`` of session/new or session/load as plain ACP-shaped dicts."""
+    out = []
+    for server in servers or []:
+        if hasattr(server, "model_dump"):
+            out.append(server.model_dump(by_alias=True, exclude_none=True))
+        elif isinstance(server, dict):
+            out.append(dict(server))
+    return out
+
+
+def _is_search(tool: str) -> bool:
+    last = tool.rsplit(".", 1)[-1].lower()
+    return any(word in last for word in ("query", "search", "list", "find"))
+
+
+def _pairs(items: Any) -> dict[str, str]:
+    """ACP ``[{"name", "value"}]`` (env, headers) as a dict."""
+    return {str(i["name"]): str(i.get("value", "")) for i in items or [] if isinstance(i, dict) and "name" in i}
+
+
+class McpClient:
+    """One short MCP conversation with an ACP ``mcpServers`` entry: ``initialize``,
+    ``notifications/initialized``, one request; then the connection is closed."""
+
+    def __init__(self, server: dict[str, Any]) -> None:
+        self.server = server
+        self.next_id = 0
+        self.session_id: str | None = None
+        self.protocol_version = MCP_PROTOCOL_VERSION
+        self.negotiated = False
+        self.process: asyncio.subprocess.Process | None = None
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    @property
+    def is_http(self) -> bool:
+        return self.server.get("type") in ("http", "sse") or ("url" in self.server and "command" not in self.server)
+
+    async def exchange(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            if not self.is_http:
+                await self._spawn()
+            init = await self.request(
+                "initialize",
+                {
+                    "protocolVersion": MCP_PROTOCOL_VERSION,
+                    "capabilities": {},
+                    "clientInfo": {"name": "fake-acp-mcp", "version": "0.1"},
+                },
+            )
+            self.protocol_version = str(init.get("protocolVersion") or MCP_PROTOCOL_VERSION)
+            self.negotiated = True
+            await self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            return await self.request(method, params)
+        finally:
+            await self.close()
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        self.next_id += 1
+        request_id = self.next_id
+        answer = await self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        if answer is None:
+            raise McpFailure(f"{method}: the MCP server sent no answer")
+        if "error" in answer:
+            error = answer["error"] if isinstance(answer["error"], dict) else {"message": answer["error"]}
+            raise McpFailure(f"{method}: {error.get('code')} {error.get('message')}")
+        result = answer.get("result")
+        if not isinstance(result, dict):
+            raise McpFailure(f"{method}: the MCP server answered no result object")
+        return result
+
+    async def send(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """Send one message; the answer to it (None for a notification)."""
+        if self.is_http:
+            return await asyncio.get_running_loop().run_in_executor(None, self._post, message)
+        return await self._stdio(message)
+
+    # -- stdio
+
+    async def _spawn(self) -> None:
+        command = self.server.get("command")
+        if not command:
+            raise McpFailure("the MCP server entry has no command")
+        env = {**os.environ, **_pairs(self.server.get("env"))}
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                str(command),
+                *[str(a) for a in self.server.get("args") or []],
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,  # never the agent's own stdout: that is the ACP channel
+                stderr=sys.stderr,
+                env=env,
+                limit=MCP_LINE_LIMIT,
+            )
+        except OSError as exc:
+            raise McpFailure(f"cannot start the MCP server {command}: {exc}") from exc
+
+    async def _stdio(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        process = self.process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(json.dumps(message).encode() + b"\n")
+            await process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise McpFailure(f"the MCP server closed its input: {exc}") from exc
+        if "id" not in message:
+            return None
+        while True:
+            line = await process.stdout.readline()
+            if not line:
+                raise McpFailure(f"the MCP server exited (code {process.returncode}) before answering")
+            try:
+                incoming = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(incoming, dict):
+                continue
+            if "method" in incoming:  # a request or notification from the server
+                if incoming.get("id") is not None:
+                    refusal = {"code": -32601, "message": "not supported by this fake client"}
+                    process.stdin.write(
+                        json.dumps({"jsonrpc": "2.0", "id": incoming["id"], "error": refusal}).encode() + b"\n"
+                    )
+                continue
+            if incoming.get("id") == message["id"]:
+                return incoming
+
+    # -- streamable HTTP
+
+    def _headers(self) -> dict[str, str]:
+        headers = {
+            **_pairs(self.server.get("headers")),
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+        }
+        if self.negotiated:
+            headers["MCP-Protocol-Version"] = self.protocol_version
+        if self.session_id:
+            headers["Mcp-Session-Id"] = self.session_id
+        return headers
+
+    def _post(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        url = str(self.server.get("url") or "")
+        data = json.dumps(message).encode()
+        request = urllib.request.Request(url, data=data, headers=self._headers(), method="POST")
+        try:
+            with self._opener.open(request, timeout=MCP_TIMEOUT) as response:
+                body = response.read()
+                kind = response.headers.get("Content-Type", "")
+                session_id = response.headers.get("Mcp-Session-Id")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode("utf-8", "replace")
+            exc.close()
+            raise McpFailure(f"HTTP {exc.code}: {detail}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise McpFailure(f"cannot reach the MCP server: {getattr(exc, 'reason', exc)}") from exc
+        if session_id:
+            self.session_id = session_id
+        if "id" not in message or not body.strip():
+            return None
+        if kind.startswith("text/event-stream"):
+            for line in body.decode("utf-8", "replace").splitlines():
+                if line.startswith("data:"):
+                    with contextlib.suppress(ValueError):
+                        event = json.loads(line[5:].strip())
+                        if isinstance(event, dict) and event.get("id") == message["id"]:
+                            return event
+            return None
+        answer = json.loads(body)
+        return answer if isinstance(answer, dict) else None
+
+    def _delete(self) -> None:
+        request = urllib.request.Request(str(self.server.get("url") or ""), headers=self._headers(), method="DELETE")
+        with contextlib.suppress(urllib.error.URLError, OSError), self._opener.open(request, timeout=10.0):
+            pass
+
+    async def close(self) -> None:
+        if self.is_http:
+            if self.session_id:
+                await asyncio.get_running_loop().run_in_executor(None, self._delete)
+            return
+        process = self.process
+        if process is None:
+            return
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 10.0)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: ``python -m contrib.fake_acp_agents --behaviour NAME``."""
     parser = argparse.ArgumentParser(prog="python -m contrib.fake_acp_agents", description=__doc__.split("\n")[0])
@@ -428,6 +730,9 @@ def main(argv: list[str] | None = None) -> None:
         "--delay", type=float, default=float(os.environ.get("FAKE_ACP_DELAY") or 0.0), help="seconds per chunk"
     )
     parser.add_argument("--state-dir", default=os.environ.get("FAKE_ACP_STATE_DIR") or None)
+    parser.add_argument(
+        "--mcp-http", action="store_true", help="declare mcpCapabilities.http (else stdio MCP servers only)"
+    )
     args = parser.parse_args(argv)
-    agent = FakeAgent(args.behaviour, delay=args.delay, state_dir=args.state_dir)
+    agent = FakeAgent(args.behaviour, delay=args.delay, state_dir=args.state_dir, mcp_http=args.mcp_http)
     asyncio.run(run_agent(cast(Agent, agent), use_unstable_protocol=True))
