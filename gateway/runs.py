@@ -138,6 +138,7 @@ class RunManager:
         self._creating: dict[tuple[str, ...], asyncio.Lock] = {}
         self._shutting_down = False
         self._watchdogs: set[asyncio.Task[None]] = set()
+        self._repairing: dict[str, asyncio.Lock] = {}
         journal.on_append.append(self._observe)
         self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
         self.created = 0
@@ -461,6 +462,14 @@ class RunManager:
         if reason:
             payload["reason"] = reason
         await self.journal.append(run.host_run_id, TERMINAL_KIND_BY_STATUS[status], payload)
+        # One log line per run end, in the run's context (hostRunId, sessionId, agentId).
+        log.log(
+            logging.INFO if status in ("completed", "cancelled") else logging.WARNING,
+            "run %s %s%s",
+            run.host_run_id,
+            status,
+            f": {reason}" if reason else "",
+        )
         # The event is in the journal (spooled, published); now the status may flip.
         run.status = status
         self.finished[status] += 1
@@ -495,7 +504,17 @@ class RunManager:
         return run
 
     async def _repair(self, run: Run) -> None:
-        """Make status and journal agree for a run no task of this process owns."""
+        """Make status and journal agree for a run no task of this process owns. Concurrent
+        reads of one run repair it once: the second waits, then finds the terminal event."""
+        lock = self._repairing.setdefault(run.host_run_id, asyncio.Lock())
+        try:
+            async with lock:
+                await self._repair_locked(run)
+        finally:
+            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
+                self._repairing.pop(run.host_run_id, None)
+
+    async def _repair_locked(self, run: Run) -> None:
         if run.host_run_id in self._active:
             return
         last = await self.journal.last_event(run.host_run_id)
@@ -510,6 +529,10 @@ class RunManager:
             run.status = "interrupted"
             run.error = run.error or "the gateway stopped while the run was active"
         self.journal.open_run(run.host_run_id, next_seq=(last.seq + 1) if last else 1)
+        if last is None:
+            # Killed between storing the run and spooling its first event: the journal still
+            # starts with the receipt (appended with the terminal, no await between them).
+            await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt(), "recovered": True})
         payload = {
             "status": run.status,
             "reason": run.error or "terminal status without a terminal event",

@@ -19,7 +19,9 @@ def render(gateway: Gateway) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
-            lines.append(f"{name}{labels} {value:g}")
+            # Exact integers (`:g` would print 1234567 as 1.23457e+06 and hide increments).
+            text = str(int(value)) if float(value).is_integer() else repr(float(value))
+            lines.append(f"{name}{labels} {text}")
 
     active = gateway.runs.active_runs()
     metric(
