@@ -112,3 +112,30 @@ class TranscriptStrategy:
         if is_bare_short_reply(turn.message) and not has_context(turn.context):
             warning = SHORT_REPLY_WARNING
         return SessionPlan("new_session", [], warning)
+
+
+def prompt_text(turn: Any) -> str:
+    """The text an agent-session runtime sends for a turn: the cold-resume packet (when the plan
+    is `cold_resumed`), the current page and selection from the frozen context, then the message."""
+    parts: list[str] = []
+    packet = turn.plan.packet if turn.plan.mode == "cold_resumed" else []
+    if packet:
+        lines = ["[Earlier turns of this conversation, restored by the gateway]"]
+        for entry in packet:
+            lines.append(f"User: {entry['user']}")
+            if entry.get("assistant"):
+                lines.append(f"Assistant: {entry['assistant']}")
+            if entry.get("tools"):
+                lines.append("Tools used: " + "; ".join(entry["tools"]))
+            if entry.get("files"):
+                lines.append("Files changed: " + ", ".join(entry["files"]))
+        lines.append("[End of earlier turns]")
+        parts.append("\n".join(lines))
+    target = turn.context.get("target") or {}
+    if target.get("path"):
+        parts.append(f"[Current page: {target['path']}]")
+    selection = (target.get("selection") or {}).get("text")
+    if selection:
+        parts.append(f"[Selected text]\n{selection}")
+    parts.append(turn.message)
+    return "\n\n".join(parts)

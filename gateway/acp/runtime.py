@@ -43,7 +43,13 @@ from gateway.acp.client import (
 )
 from gateway.acp.mapping import extract_text, map_update
 from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
-from gateway.sessions import SHORT_REPLY_WARNING, cold_resume_packet, has_context, is_bare_short_reply
+from gateway.sessions import (
+    SHORT_REPLY_WARNING,
+    cold_resume_packet,
+    has_context,
+    is_bare_short_reply,
+    prompt_text,
+)
 
 log = logging.getLogger("gateway.acp.runtime")
 
@@ -80,6 +86,50 @@ class AcpAgentSpec:
     version: str | None = None
     capabilities: list[str] = field(default_factory=lambda: ["chat", "files"])
     fields: list[dict[str, Any]] = field(default_factory=list)
+
+
+# Keys every ACP runtime plugin section shares (a plugin adds its own agent-specific keys).
+SECTION_DEFAULTS: dict[str, Any] = {
+    "enabled": True,
+    "env": {},
+    "provider_base_url": "",
+    "provider_model": "",
+    "idle_seconds": 900.0,
+    "max_processes": 4,
+    "permission_timeout_seconds": 300.0,
+    "auto_allow_kinds": [],
+    "mcp_servers": [],
+}
+
+
+def validate_section(section: dict[str, Any]) -> list[tuple[str, str]]:
+    """Problems with the shared keys of an ACP plugin section."""
+    problems = []
+    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
+        problems.append(("command", "must be a non-empty list of strings"))
+    if section["max_processes"] < 1:
+        problems.append(("max_processes", "must be at least 1"))
+    if section["idle_seconds"] <= 0 or section["permission_timeout_seconds"] <= 0:
+        problems.append(
+            ("idle_seconds" if section["idle_seconds"] <= 0 else "permission_timeout_seconds", "must be positive")
+        )
+    return problems
+
+
+def spec_options(section: dict[str, Any]) -> dict[str, Any]:
+    """The :class:`AcpAgentSpec` keywords that come straight from the shared section keys."""
+    return {
+        "command": list(section["command"]),
+        "auto_allow_kinds": tuple(section["auto_allow_kinds"]),
+        "permission_timeout": float(section["permission_timeout_seconds"]),
+        "idle_seconds": float(section["idle_seconds"]),
+        "max_processes": int(section["max_processes"]),
+        "mcp_servers": list(section["mcp_servers"]),
+        "fields": [
+            {"key": "model", "label": "Model", "kind": "string", "default": section["provider_model"]},
+            {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
+        ],
+    }
 
 
 @dataclass(frozen=True)
@@ -506,28 +556,7 @@ class AcpRuntime:
         return TurnOutcome("failed", f"the agent ended the turn with an unknown stopReason {stop!r}", detail)
 
     def prompt_blocks(self, turn: Turn) -> list[dict[str, Any]]:
-        parts: list[str] = []
-        packet = turn.plan.packet if turn.plan.mode == "cold_resumed" else []
-        if packet:
-            lines = ["[Earlier turns of this conversation, restored by the gateway]"]
-            for entry in packet:
-                lines.append(f"User: {entry['user']}")
-                if entry.get("assistant"):
-                    lines.append(f"Assistant: {entry['assistant']}")
-                if entry.get("tools"):
-                    lines.append("Tools used: " + "; ".join(entry["tools"]))
-                if entry.get("files"):
-                    lines.append("Files changed: " + ", ".join(entry["files"]))
-            lines.append("[End of earlier turns]")
-            parts.append("\n".join(lines))
-        target = turn.context.get("target") or {}
-        if target.get("path"):
-            parts.append(f"[Current page: {target['path']}]")
-        selection = (target.get("selection") or {}).get("text")
-        if selection:
-            parts.append(f"[Selected text]\n{selection}")
-        parts.append(turn.message)
-        return [{"type": "text", "text": "\n\n".join(parts)}]
+        return [{"type": "text", "text": prompt_text(turn)}]
 
     # -- agent → client ------------------------------------------------------------------------
     async def _on_update(self, binding: Binding, session_id: str, update: dict[str, Any]) -> None:

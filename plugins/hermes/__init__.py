@@ -12,36 +12,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+from gateway.acp.runtime import (
+    SECTION_DEFAULTS,
+    AcpAgentSpec,
+    AcpRuntime,
+    AcpSessionStrategy,
+    spec_options,
+    validate_section,
+)
 from gateway.runtime import RuntimePolicy
 from hookspecs import hookimpl
 
 SECTION = "hermes"
 DEFAULTS: dict[str, Any] = {
-    "enabled": True,
+    **SECTION_DEFAULTS,
     "command": ["hermes-acp"],
-    "env": {},
     # "" = the user's own HERMES_HOME; with provider_base_url: <data_dir>/runtimes/hermes/home.
     "hermes_home": "",
-    "provider_base_url": "",
-    "provider_model": "",
     "provider_api_key": "",
     # Hermes looks model metadata up online unless the context length is given.
     "context_length": 128000,
-    "idle_seconds": 900.0,
-    "max_processes": 4,
-    "permission_timeout_seconds": 300.0,
-    "auto_allow_kinds": [],
-    "mcp_servers": [],
 }
 
 
 def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
-    problems = []
-    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
-        problems.append(("command", "must be a non-empty list of strings"))
-    if section["max_processes"] < 1:
-        problems.append(("max_processes", "must be at least 1"))
+    problems = validate_section(section)
     if section["context_length"] <= 0:
         problems.append(("context_length", "must be positive"))
     return problems
@@ -97,20 +92,11 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         agent_id="hermes",
         display_name="Hermes",
         provider="hermes",
-        command=list(section["command"]),
         env=env,
         process_dir=config.data_dir / "runtimes" / "hermes",
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
         prepare=prepare,
-        auto_allow_kinds=tuple(section["auto_allow_kinds"]),
-        permission_timeout=float(section["permission_timeout_seconds"]),
-        idle_seconds=float(section["idle_seconds"]),
-        max_processes=int(section["max_processes"]),
-        mcp_servers=list(section["mcp_servers"]),
-        fields=[
-            {"key": "model", "label": "Model", "kind": "string", "default": section["provider_model"]},
-            {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
-        ],
+        **spec_options(section),
     )
     register(AcpRuntime(spec))
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
-from gateway.sessions import SHORT_REPLY_WARNING, cold_resume_packet, has_context, is_bare_short_reply
+from gateway.sessions import SHORT_REPLY_WARNING, cold_resume_packet, has_context, is_bare_short_reply, prompt_text
 from plugins.pi_lab.mapping import EventMapper
 from plugins.pi_lab.rpc import PiError, PiExited, PiProcess
 
@@ -369,23 +369,7 @@ class PiRuntime:
 
     # -- turns ------------------------------------------------------------------------------------
     def prompt_text(self, turn: Turn) -> str:
-        parts: list[str] = []
-        if turn.plan.mode == "cold_resumed" and turn.plan.packet:
-            lines = ["[Earlier turns of this conversation, restored by the gateway]"]
-            for entry in turn.plan.packet:
-                lines.append(f"User: {entry['user']}")
-                if entry.get("assistant"):
-                    lines.append(f"Assistant: {entry['assistant']}")
-            lines.append("[End of earlier turns]")
-            parts.append("\n".join(lines))
-        target = turn.context.get("target") or {}
-        if target.get("path"):
-            parts.append(f"[Current page: {target['path']}]")
-        selection = (target.get("selection") or {}).get("text")
-        if selection:
-            parts.append(f"[Selected text]\n{selection}")
-        parts.append(turn.message)
-        return "\n\n".join(parts)
+        return prompt_text(turn)
 
     async def run_turn(self, turn: Turn) -> TurnOutcome:
         binding: Binding | None = turn.binding

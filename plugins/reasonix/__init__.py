@@ -16,39 +16,34 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+from gateway.acp.runtime import (
+    SECTION_DEFAULTS,
+    AcpAgentSpec,
+    AcpRuntime,
+    AcpSessionStrategy,
+    spec_options,
+    validate_section,
+)
 from gateway.runtime import RuntimePolicy
 from hookspecs import hookimpl
 
 SECTION = "reasonix"
 DEFAULTS: dict[str, Any] = {
-    "enabled": True,
+    **SECTION_DEFAULTS,
     "command": ["reasonix", "acp"],
-    "env": {},
     # "gateway": run in <data_dir>/runtimes/reasonix (needed for provider_base_url);
     # "workspace": run in the workspace root, using the user's own reasonix.toml there.
     "process_dir": "gateway",
-    "provider_base_url": "",
-    "provider_model": "",
     "provider_api_key_env": "OPENAI_API_KEY",
-    "idle_seconds": 900.0,
-    "max_processes": 4,
-    "permission_timeout_seconds": 300.0,
-    "auto_allow_kinds": [],
-    "mcp_servers": [],
 }
 
 
 def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
-    problems = []
-    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
-        problems.append(("command", "must be a non-empty list of strings"))
+    problems = validate_section(section)
     if section["process_dir"] not in ("gateway", "workspace"):
         problems.append(("process_dir", 'must be "gateway" or "workspace"'))
     if section["provider_base_url"] and section["process_dir"] != "gateway":
         problems.append(("provider_base_url", 'needs process_dir = "gateway" (the plugin writes reasonix.toml there)'))
-    if section["max_processes"] < 1:
-        problems.append(("max_processes", "must be at least 1"))
     return problems
 
 
@@ -102,22 +97,13 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         agent_id="reasonix",
         display_name="Reasonix",
         provider="reasonix",
-        command=list(section["command"]),
         env={"REASONIX_TELEMETRY": "off", **env},
         process_dir=process_dir,
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
         prepare=prepare,
         # Reasonix replays its own host-generated context snapshot as a user message.
         replay_ignore_prefixes=("<session-context",),
-        auto_allow_kinds=tuple(section["auto_allow_kinds"]),
-        permission_timeout=float(section["permission_timeout_seconds"]),
-        idle_seconds=float(section["idle_seconds"]),
-        max_processes=int(section["max_processes"]),
-        mcp_servers=list(section["mcp_servers"]),
-        fields=[
-            {"key": "model", "label": "Model", "kind": "string", "default": section["provider_model"]},
-            {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
-        ],
+        **spec_options(section),
     )
     register(AcpRuntime(spec))
 
