@@ -1,14 +1,28 @@
-"""A gateway process with a `burst` runtime that emits N events as fast as it can (bench only)."""
+"""A gateway process with a `burst` runtime that emits N events as fast as it can (bench only).
+
+    python bench/_burst_server.py DATA_DIR [STORAGE_URL]
+
+Prints its URL, then serves until SIGTERM. Run options (in the run's `options`):
+`events` (count), `rate` (events/s, 0 = as fast as possible), `chars` (text per delta),
+`distinct` (each delta's text is its index, `"%06d "`, so a reassembled text can be checked),
+`stamp` (put `time.monotonic()` in each payload as `t`: CLOCK_MONOTONIC is system-wide on Linux, so
+a client process on this host measures emit-to-receive latency), `subscribers` (wait until that many
+SSE clients are attached to the run before emitting; emission then starts with a `plan.updated`
+event whose payload holds `t0`, the monotonic start time).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 import sys
+import time
 from typing import Any
 
 from aiohttp import web
 
-from gateway.app import create_app
+from gateway.app import GATEWAY_KEY, create_app
 from gateway.config import Config
 from gateway.plugins import PluginHost
 from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
@@ -25,13 +39,29 @@ class BurstRuntime:
         return {"capabilities": []}
 
     async def run_turn(self, turn: Turn) -> TurnOutcome:
-        count = int(turn.options.get("events", 10000))
-        rate = float(turn.options.get("rate", 0))  # events/s; 0 = as fast as possible
+        options = turn.options
+        count = int(options.get("events", 10000))
+        rate = float(options.get("rate", 0))  # events/s; 0 = as fast as possible
+        distinct = bool(options.get("distinct"))
+        stamp = bool(options.get("stamp"))
+        subscribers = int(options.get("subscribers", 0))
+        if subscribers:
+            bus = turn.services["gateway"].bus
+            topic = turn.run.host_run_id
+            while len(bus._subscribers.get(topic, ())) < subscribers:  # noqa: ASYNC110 (the bus has no hook)
+                await asyncio.sleep(0.005)  # polling a bench-only precondition
+            await turn.emit("plan.updated", {"t0": time.monotonic()})
         loop = asyncio.get_running_loop()
         start = loop.time()
-        text = "x" * int(turn.options.get("chars", 16))
+        text = "x" * int(options.get("chars", 16))
+        emit = turn.emit
         for i in range(count):
-            await turn.emit("message.delta", {"text": text})
+            if distinct:
+                await emit("message.delta", {"text": f"{i:06d} "})
+            elif stamp:
+                await emit("message.delta", {"text": text, "t": time.monotonic()})
+            else:
+                await emit("message.delta", {"text": text})
             if rate:
                 delay = start + (i + 1) / rate - loop.time()
                 if delay > 0:
@@ -51,11 +81,18 @@ class BurstPlugin:
 
 
 async def main(data_dir: str, storage_url: str) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 1,000 SSE clients need the fds
     overrides: dict[str, dict[str, Any]] = {"gateway": {"data_dir": data_dir}}
     if storage_url:
         overrides["storage"] = {"url": storage_url}
     config = Config.load(None, env={}, overrides=overrides)
     app = create_app(config, PluginHost.load(env={}, extra=(BurstPlugin(),)))
+    experiment = os.environ.get("BENCH_EXPERIMENT", "")  # profiling aids, never used by the figures
+    if "null-storage" in experiment:
+        app[GATEWAY_KEY].storage.append_events = lambda events: None
+    if "switch=" in experiment:
+        sys.setswitchinterval(float(experiment.split("switch=")[1].split(",")[0]))
     runner = web.AppRunner(app, handle_signals=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -85,8 +85,18 @@ class Bus:
 
     def publish(self, topic: str, event: Event) -> None:
         self.published += 1
-        for sub in self._subscribers.get(topic, ()):
-            sub.offer(event)
+        subs = self._subscribers.get(topic)
+        if not subs:
+            return
+        for sub in subs:
+            buffer = sub.buffer
+            if len(buffer) < sub.capacity and not sub.needs_replay:
+                buffer.append(event)  # `offer`'s common case, inline
+                wakeup = sub.wakeup
+                if not wakeup.is_set():
+                    wakeup.set()
+            else:
+                sub.offer(event)
 
     def subscriber_count(self) -> int:
         return sum(len(s) for s in self._subscribers.values())

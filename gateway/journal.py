@@ -20,6 +20,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +223,7 @@ class Journal:
                 self._queue_ready.clear()
                 continue
             count = min(len(self._queue), self.batch_max)
-            batch = [self._queue[i] for i in range(count)]
+            batch = list(islice(self._queue, count))
             try:
                 await self._in_writer(self.storage.append_events, batch)
             except Exception:
@@ -233,12 +234,23 @@ class Journal:
                 continue
             backoff = 0.05
             self.batches += 1
-            for _ in range(count):
-                event = self._queue.popleft()
-                run_pending = self._pending_by_run[event.host_run_id]
-                run_pending.popleft()
-                if not run_pending:
-                    del self._pending_by_run[event.host_run_id]
+            # The batch is the queue's head (only this loop pops), and each run's pending head.
+            queue, pending = self._queue, self._pending_by_run
+            if count == len(queue):
+                queue.clear()
+            else:
+                for _ in range(count):
+                    queue.popleft()
+            run_id, run_pending = None, None
+            for event in batch:
+                if event.host_run_id != run_id:
+                    if run_pending is not None and not run_pending:
+                        del pending[run_id]
+                    run_id = event.host_run_id
+                    run_pending = pending[run_id]
+                run_pending.popleft()  # type: ignore[union-attr]
+            if run_pending is not None and not run_pending:
+                del pending[run_id]
             self._committed += count
             if len(self._queue) < self.max_pending:
                 self._room.set()

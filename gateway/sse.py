@@ -18,6 +18,7 @@ from gateway.journal import Journal
 from gateway.models import Event, dumps
 
 REPLAY_PAGE = 2000
+REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
 WRITE_BATCH = 256
 SEND_TIMEOUT = 60.0
 
@@ -67,9 +68,25 @@ async def stream_run(
     await response.prepare(request)
     reader = read or (lambda after, limit: journal.read(topic, after, limit))
     subscriber = bus.subscribe(topic, capacity)
+    wakeup = subscriber.wakeup
+    transport = request.transport
+    high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
+    loop = asyncio.get_running_loop()
+    # The heartbeat: one timer per stream (not one per wait), waking the writer to check the peer.
+    beat = False
+    beat_handle: asyncio.TimerHandle | None = None
+
+    def on_beat() -> None:
+        nonlocal beat, beat_handle
+        beat = True
+        wakeup.set()
+        beat_handle = loop.call_later(heartbeat, on_beat)
+
+    beat_handle = loop.call_later(heartbeat, on_beat)
     stats.open_streams += 1
     last = after_seq
     replaying = True
+    sent = False
     try:
         while True:
             if replaying or subscriber.needs_replay:
@@ -79,29 +96,40 @@ async def stream_run(
                 subscriber.needs_replay = False
                 subscriber.buffer.clear()
                 subscriber.wakeup.clear()
-                events = await reader(last, REPLAY_PAGE)
-                replaying = len(events) >= REPLAY_PAGE
+                page = REPLAY_PAGE if last > after_seq else REPLAY_FIRST_PAGE
+                events = await reader(last, page)
+                replaying = len(events) >= page
                 if not events and not replaying and is_finished():
                     break
             else:
                 if not subscriber.buffer:
-                    try:
-                        async with asyncio.timeout(heartbeat):
-                            await subscriber.wakeup.wait()
-                    except TimeoutError:
+                    if beat:  # a heartbeat period went by with nothing to send
+                        beat = False
+                        wakeup.clear()
                         if not response.is_connected():
                             break
-                        continue
+                    await wakeup.wait()
                     continue
-                events = subscriber.take(WRITE_BATCH)
-                if events and events[0].seq <= last:  # seqs increase: only a head can be stale
-                    events = [e for e in events if e.seq > last]
+                taken = subscriber.take(WRITE_BATCH)
+                events = taken
+                if taken and taken[0].seq <= last:  # seqs increase: only a head can be stale
+                    events = [e for e in taken if e.seq > last]
+                    if not events and taken[-1].is_terminal:
+                        break  # the client's cursor is already past the end of the run
             if not events:
                 continue
             blob = encode_events(events, project)
             journal.sync_spool()  # a client never sees an event the spool does not hold
-            async with asyncio.timeout(SEND_TIMEOUT):
+            idle = transport is not None and not transport.get_write_buffer_size()
+            if sent and idle and len(blob) + 64 <= high_water:
+                # Headers sent, nothing queued (so not paused) and the batch fits below the
+                # high-water mark: the write cannot pause the transport, so it cannot wait for a
+                # drain, and needs no send timer.
                 await response.write(blob)
+            else:
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await response.write(blob)
+            sent = True
             stats.delivered += len(events)
             last = events[-1].seq
             if events[-1].is_terminal:  # nothing follows a run's terminal event
@@ -109,6 +137,8 @@ async def stream_run(
     except (ConnectionResetError, TimeoutError):
         pass  # the client went away or stalled; it resumes with Last-Event-ID
     finally:
+        if beat_handle is not None:
+            beat_handle.cancel()
         stats.merges += subscriber.merges
         bus.unsubscribe(subscriber)
         stats.open_streams -= 1

@@ -198,8 +198,8 @@ async def _storm(storm: Storm, steps: list[Action], clients: int, header_resume:
     for client in range(clients):
         connection = current[client]
         if connection is not None and connection.after >= journal_last:
-            # Resumed past the terminal event while the run was active: such a stream never closes
-            # (see the xfail test below); close it here, it had nothing to deliver.
+            # Resumed past the terminal event while the run was active: the stream closes with
+            # nothing delivered (see the test below); drop it.
             assert connection.events == []
             await drop(client)
         elif connection is not None:
@@ -293,11 +293,6 @@ async def test_a_cursor_past_the_end_of_an_active_run_closes_when_the_run_ends(m
     assert got[-1]["event"] == "run.completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gateway/sse.py: in the tail loop a terminal event at or below the cursor is filtered out "
-    "and the loop goes back to waiting (heartbeats forever) instead of ending the stream",
-)
 async def test_a_cursor_beyond_the_terminal_event_closes_the_stream(make_gateway: MakeGateway) -> None:
     script = ScriptPlugin()
     client = await make_gateway(overrides={"gateway": {"heartbeat_seconds": 0.2}}, extra_plugins=(script,))
