@@ -45,7 +45,7 @@ def dumps(value: Any) -> bytes:
 _JSON_STRINGS: dict[str, bytes] = {}
 
 
-def _json_string(text: str) -> bytes:
+def json_string(text: str) -> bytes:
     """`dumps(text)` for the few strings every event repeats (run id, kind, source), memoised."""
     encoded = _JSON_STRINGS.get(text)
     if encoded is None:
@@ -163,10 +163,10 @@ class Event:
         wire = self._wire
         if wire is None:
             wire = self._wire = _WIRE_FORMAT % (
-                _json_string(self.host_run_id),
+                json_string(self.host_run_id),
                 (_CURSOR_FORMAT % self.seq).encode(),
-                _json_string(self.kind),
-                _json_string(self.source),
+                json_string(self.kind),
+                json_string(self.source),
                 self._payload_bytes or self.payload_bytes(),
                 int(self.created_at),
             )

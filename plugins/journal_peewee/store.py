@@ -32,7 +32,7 @@ import peewee
 from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
 from playhouse import db_url
 
-from gateway.models import Event, Run, now_ms
+from gateway.models import Event, Run, json_string, now_ms
 from gateway.storage import RequestConflict
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
@@ -426,16 +426,38 @@ class PeeweeStorage:
         """Write a batch in one transaction; a (host_run_id, seq) already stored is skipped."""
         if not events:
             return
-        rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
         columns = ", ".join(_EVENT_COLUMNS)
+        if self.is_sqlite:
+            # One statement over a JSON array of the rows: SQLite inserts the whole batch in one
+            # step without the GIL (executemany binds every row holding it), so the event loop
+            # keeps delivering meanwhile. The payload is the event's own serialised JSON.
+            batch = (
+                b"["
+                + b",".join(
+                    b"[%s,%d,%s,%s,%s,%d]"
+                    % (
+                        json_string(e.host_run_id),
+                        e.seq,
+                        json_string(e.kind),
+                        json_string(e.source),
+                        e.payload_bytes(),
+                        e.created_at,
+                    )
+                    for e in events
+                )
+                + b"]"
+            )
+        else:
+            rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
         with self._write(), _wrap_db_errors:
             cursor = self.database.cursor()
             try:
                 if self.is_sqlite:
-                    cursor.executemany(
-                        f"INSERT INTO {self._events_table} ({columns}) VALUES (?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT (host_run_id, seq) DO NOTHING",
-                        rows,
+                    cursor.execute(
+                        f"INSERT INTO {self._events_table} ({columns}) "
+                        "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, value ->> 5 "
+                        "FROM json_each(?) WHERE 1 ON CONFLICT (host_run_id, seq) DO NOTHING",
+                        (batch.decode(),),
                     )
                 else:
                     self._pg_insert_events(cursor, columns, rows)
