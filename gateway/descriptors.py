@@ -337,18 +337,8 @@ def _describe(runtime: Any) -> dict[str, Any]:
 
 
 def _declared_fields(gateway: Gateway) -> list[dict[str, Any]]:
-    """Fields from the ``register_setting_fields`` hook (through the plugin host's typed method
-    when it has one)."""
-    plugins = gateway.plugins
-    found: list[dict[str, Any]] = []
-    method = getattr(plugins, "setting_fields", None)
-    if callable(method):
-        found = list(method(gateway.config))
-    else:
-        hook = getattr(plugins.pm.hook, "register_setting_fields", None)
-        if hook is not None:
-            hook(register=found.append, config=gateway.config)
-    return [f for f in found if isinstance(f, Mapping)]
+    """Fields from the ``register_setting_fields`` hook."""
+    return [f for f in gateway.plugins.setting_fields(gateway.config) if isinstance(f, Mapping)]
 
 
 _registries: weakref.WeakKeyDictionary[Any, DescriptorRegistry] = weakref.WeakKeyDictionary()

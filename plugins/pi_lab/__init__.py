@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import hookspecs
 from hookspecs import hookimpl
 from plugins.pi_lab.runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
 
@@ -89,11 +88,8 @@ def session_strategy(runtime: Any, config: Any) -> Any:
     return None
 
 
-if getattr(hookspecs, "routes", None) in getattr(hookspecs, "SPEC_MODULES", ()):
-    # Only where the core declares the `register_routes` hook (an unknown hook fails start-up).
+@hookimpl
+def register_routes(app: Any, gateway: Any) -> None:
+    from plugins.pi_lab.routes import setup
 
-    @hookimpl
-    def register_routes(app: Any, gateway: Any) -> None:
-        from plugins.pi_lab.routes import setup
-
-        setup(app, gateway)
+    setup(app, gateway)
