@@ -11,59 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from _harness import GatewayProcess, start_gateway_process
 from conftest import sse_events
 
 from contrib.fake_openai import FakeOpenAI, Reply
 from gateway.models import TERMINAL_KINDS
 
-ROOT = Path(__file__).resolve().parent.parent
-START_TIMEOUT = 30.0
 WAIT = 20.0
-LISTENING = re.compile(r"^agent-gateway listening on (http://\S+)\s*$")
-
-
-class GatewayProcess:
-    def __init__(self, proc: asyncio.subprocess.Process, url: str, log_path: Path, drain: asyncio.Task) -> None:
-        self.proc = proc
-        self.url = url
-        self.log_path = log_path
-        self._drain = drain
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGKILL)
-        async with asyncio.timeout(WAIT):
-            await self.proc.wait()
-        self._drain.cancel()
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(WAIT):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        self._drain.cancel()
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
 
 
 @pytest.fixture
@@ -71,41 +32,8 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Any]:
     started: list[GatewayProcess] = []
 
     async def start(data_dir: Path, upstream: str) -> GatewayProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_GATEWAY")}
-        env["AGENT_GATEWAY__CHAT_ONLY__BASE_URL"] = upstream
-        env["AGENT_GATEWAY__CHAT_ONLY__MODEL"] = "m"
-        env["PYTHONUNBUFFERED"] = "1"
-        log_path = tmp_path / f"gateway-{len(started)}.log"
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--port",
-                "0",
-                "--data-dir",
-                str(data_dir),
-                cwd=ROOT,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=log,
-            )
-        assert proc.stdout is not None
-        try:
-            async with asyncio.timeout(START_TIMEOUT):
-                first = (await proc.stdout.readline()).decode()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            raise AssertionError(f"the gateway did not start in {START_TIMEOUT} s:\n{log_path.read_text()}") from None
-        match = LISTENING.match(first)
-        if match is None:
-            proc.kill()
-            await proc.wait()
-            raise AssertionError(f"unexpected first line {first!r}:\n{log_path.read_text()}")
-        gateway = GatewayProcess(proc, match.group(1), log_path, asyncio.create_task(_drain(proc.stdout)))
+        env = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": upstream, "AGENT_GATEWAY__CHAT_ONLY__MODEL": "m"}
+        gateway = await start_gateway_process(data_dir, tmp_path / f"gateway-{len(started)}.log", env=env)
         started.append(gateway)
         return gateway
 
@@ -141,7 +69,8 @@ async def test_sigkill_mid_run_then_restart_interrupts_the_run_and_keeps_every_s
                     deltas += event["event"] == "message.delta"
                     if deltas == 40 and not killed:
                         # Kill with the stream open; whatever was already sent is still read.
-                        await first.kill()
+                        first.kill()
+                        await first.wait()
                         killed = True
             stream.release()
         assert killed, [e["event"] for e in seen]
