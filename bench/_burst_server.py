@@ -91,6 +91,10 @@ async def main(data_dir: str, storage_url: str) -> None:
     experiment = os.environ.get("BENCH_EXPERIMENT", "")  # profiling aids, never used by the figures
     if "null-storage" in experiment:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
+    if "gc-off" in experiment:
+        import gc
+
+        gc.disable()
     if "switch=" in experiment:
         sys.setswitchinterval(float(experiment.split("switch=")[1].split(",")[0]))
     runner = web.AppRunner(app, handle_signals=True, access_log=None)

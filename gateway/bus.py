@@ -70,6 +70,9 @@ class Bus:
     def __init__(self) -> None:
         self._subscribers: dict[str, set[Subscriber]] = {}
         self.published = 0
+        # Per topic, the last batch of SSE frames a writer encoded (first event, last event,
+        # count, bytes): clients in step get the same events, so the first encodes for all.
+        self.shared_frames: dict[str, tuple[Event, Event, int, bytes]] = {}
 
     def subscribe(self, topic: str, capacity: int) -> Subscriber:
         sub = Subscriber(topic, capacity)
@@ -82,21 +85,28 @@ class Bus:
             subs.discard(sub)
             if not subs:
                 del self._subscribers[sub.topic]
+                self.shared_frames.pop(sub.topic, None)
 
     def publish(self, topic: str, event: Event) -> None:
-        self.published += 1
+        self.publish_many(topic, [event])
+
+    def publish_many(self, topic: str, events: list[Event]) -> None:
+        """Offer `events` (consecutive events of `topic`, in order) to every subscriber."""
+        self.published += len(events)
         subs = self._subscribers.get(topic)
         if not subs:
             return
+        count = len(events)
         for sub in subs:
             buffer = sub.buffer
-            if len(buffer) < sub.capacity and not sub.needs_replay:
-                buffer.append(event)  # `offer`'s common case, inline
+            if not sub.needs_replay and len(buffer) + count <= sub.capacity:
+                buffer.extend(events)  # `offer`'s common case, for the whole batch
                 wakeup = sub.wakeup
                 if not wakeup.is_set():
                     wakeup.set()
             else:
-                sub.offer(event)
+                for event in events:
+                    sub.offer(event)
 
     def subscriber_count(self) -> int:
         return sum(len(s) for s in self._subscribers.values())

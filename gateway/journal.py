@@ -38,6 +38,10 @@ class JournalClosed(Exception):
     pass
 
 
+class JournalFull(Exception):
+    """`append_nowait` found `max_pending` events waiting for storage."""
+
+
 class _SpoolSegment:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -86,6 +90,9 @@ class Journal:
         self._segment_counter = 0
         self._instance = secrets.token_hex(4)
         self._spool_buffer: list[bytes] = []
+        # Events appended since the last flush, per run, in order: spooled with one write and
+        # handed to the bus as one batch per run at the end of the loop tick.
+        self._unpublished: dict[str, list[Event]] = {}
         self._closed = False
         self.commit_errors = 0
         self.batches = 0
@@ -102,7 +109,7 @@ class Journal:
     async def close(self) -> None:
         if self._closed:
             return
-        self.sync_spool()
+        self.publish()
         await self.flush()
         self._closed = True
         if self._writer is not None:
@@ -136,14 +143,31 @@ class Journal:
     async def append(
         self, host_run_id: str, kind: str, payload: dict[str, Any], source: str = "gateway"
     ) -> Event | None:
-        """Append one event; returns it, or None if the run already ended (nothing is written
-        after a terminal event)."""
+        """Append one event and publish it (with any earlier unpublished ones) before returning;
+        returns it, or None if the run already ended (nothing is written after a terminal
+        event). Waits while `max_pending` events wait for storage."""
+        while True:
+            try:
+                event = self.append_nowait(host_run_id, kind, payload, source)
+            except JournalFull:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            self.publish()
+            return event
+
+    def append_nowait(
+        self, host_run_id: str, kind: str, payload: dict[str, Any], source: str = "gateway"
+    ) -> Event | None:
+        """`append` without waiting, for runtimes that emit in bursts: the event has its seq and
+        is readable at once; it is spooled and published at the end of the loop tick (or by the
+        next `append`). Raises JournalFull when `max_pending` events wait for storage (then
+        await `append`)."""
         if self._closed:
             raise JournalClosed("journal is closed")
         queue = self._queue
         if len(queue) >= self.max_pending:
-            self._room.clear()
-            await self._room.wait()
+            raise JournalFull(f"{len(queue)} events wait for storage")
         next_seq = self._next_seq
         seq = next_seq.get(host_run_id)
         if seq is None:
@@ -156,8 +180,6 @@ class Journal:
         if kind in TERMINAL_KINDS:
             self._terminal.add(host_run_id)
         self._appended += 1
-        if self._segments:
-            self._spool(event)
         queue.append(event)
         run_pending = self._pending_by_run.get(host_run_id)
         if run_pending is None:
@@ -165,11 +187,32 @@ class Journal:
         run_pending.append(event)
         if not self._queue_ready.is_set():
             self._queue_ready.set()
-        self.bus.publish(host_run_id, event)
-        if self.on_append:
-            for hook in self.on_append:
-                hook(event)
+        unpublished = self._unpublished
+        if not unpublished:
+            asyncio.get_running_loop().call_soon(self.publish)
+        batch = unpublished.get(host_run_id)
+        if batch is None:
+            unpublished[host_run_id] = [event]
+        else:
+            batch.append(event)
+        if self._segments:
+            self._spool_buffer.append(event.wire_bytes())
         return event
+
+    def publish(self) -> None:
+        """Spool, then hand to the bus (one batch per run) and to `on_append` hooks, every event
+        appended since the last call. Runs once per loop tick; idempotent."""
+        self.sync_spool()
+        unpublished = self._unpublished
+        if not unpublished:
+            return
+        self._unpublished = {}
+        publish, hooks = self.bus.publish_many, self.on_append
+        for host_run_id, events in unpublished.items():
+            publish(host_run_id, events)
+            for hook in hooks:
+                for event in events:
+                    hook(event)
 
     async def flush(self) -> None:
         """Wait until every event appended so far is committed to storage."""
@@ -275,23 +318,16 @@ class Journal:
         path = self.spool_dir / f"{os.getpid()}-{self._instance}-{self._segment_counter:06d}.jsonl"
         self._segments.append(_SpoolSegment(path))
 
-    def _spool(self, event: Event) -> None:
-        if not self._segments:
-            return
-        buffer = self._spool_buffer
-        if not buffer:
-            asyncio.get_running_loop().call_soon(self.sync_spool)
-        buffer.append(event.wire_bytes())
-        buffer.append(b"\n")
-
     def sync_spool(self) -> None:
         """Write buffered spool lines: one `write()` per loop tick, and always before any reader
         (SSE writer, events page) hands an event to a client."""
         if not self._spool_buffer or not self._segments:
             return
         segment = self._segments[-1]
-        blob = b"".join(self._spool_buffer)
-        self._spool_buffer.clear()
+        buffer = self._spool_buffer
+        buffer.append(b"")  # one line per event: wire JSON never holds a raw line break
+        blob = b"\n".join(buffer)
+        buffer.clear()
         view = memoryview(blob)
         while view:
             written = os.write(segment.fd, view)

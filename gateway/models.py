@@ -42,6 +42,14 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str).encode()
 
 
+def loads(data: bytes | str) -> Any:
+    """Parse JSON: orjson when it can, else json (an int beyond 64 bits, an escaped lone surrogate)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 _JSON_STRINGS: dict[str, bytes] = {}
 
 
@@ -64,10 +72,6 @@ def now_ms() -> int:
 
 
 _CURSOR_FORMAT = f"%0{CURSOR_WIDTH}d"
-_WIRE_FORMAT = (
-    b'{"schema":"' + EVENT_SCHEMA.encode() + b'","hostRunId":%b,"seq":"%b","kind":%b,"source":%b,"payload":%b,'
-    b'"createdAt":%d}'
-)
 
 
 def format_cursor(seq: int) -> str:
@@ -137,22 +141,67 @@ class Run:
         return asdict(self)
 
 
-@dataclass
 class Event:
-    host_run_id: str
-    seq: int
-    kind: str
-    source: str
-    payload: dict[str, Any]
-    created_at: int = field(default_factory=now_ms)
-    # Serialised once, shared by the spool, storage, every SSE client and JSON pages.
-    _payload_bytes: bytes | None = field(default=None, repr=False, compare=False)
-    _wire: bytes | None = field(default=None, repr=False, compare=False)
-    _frame: bytes | None = field(default=None, repr=False, compare=False)
+    """One journal event. Serialised once: the payload JSON, the wire JSON and the SSE frame are
+    built on first use and shared by the spool, storage, every SSE client and JSON pages. An event
+    read back from storage keeps its stored payload JSON and decodes it only if asked
+    (`Event.stored`), so a replay re-sends the stored bytes."""
+
+    __slots__ = ("_frame", "_payload", "_payload_bytes", "_wire", "created_at", "host_run_id", "kind", "seq", "source")
+
+    def __init__(
+        self,
+        host_run_id: str,
+        seq: int,
+        kind: str,
+        source: str,
+        payload: dict[str, Any],
+        created_at: int | None = None,
+    ) -> None:
+        self.host_run_id = host_run_id
+        self.seq = seq
+        self.kind = kind
+        self.source = source
+        self._payload: dict[str, Any] | None = payload
+        self.created_at = now_ms() if created_at is None else created_at
+        self._payload_bytes: bytes | None = None
+        self._wire: bytes | None = None
+        self._frame: bytes | None = None
+
+    @classmethod
+    def stored(
+        cls, host_run_id: str, seq: int, kind: str, source: str, payload_json: str | bytes, created_at: int
+    ) -> Event:
+        """An event as storage holds it: the payload stays JSON until someone reads `payload`."""
+        event = cls(host_run_id, seq, kind, source, None, created_at)  # type: ignore[arg-type]
+        event._payload_bytes = payload_json.encode() if isinstance(payload_json, str) else payload_json
+        return event
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        payload = self._payload
+        if payload is None:
+            payload = self._payload = loads(self._payload_bytes) if self._payload_bytes is not None else {}
+        return payload
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Event):
+            return NotImplemented
+        return (self.host_run_id, self.seq, self.kind, self.source, self.created_at, self.payload) == (
+            other.host_run_id, other.seq, other.kind, other.source, other.created_at, other.payload
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable caches; compared by value
+
+    def __repr__(self) -> str:
+        return (
+            f"Event(host_run_id={self.host_run_id!r}, seq={self.seq!r}, kind={self.kind!r}, "
+            f"source={self.source!r}, payload={self.payload!r}, created_at={self.created_at!r})"
+        )
 
     def payload_bytes(self) -> bytes:
         if self._payload_bytes is None:
-            self._payload_bytes = dumps(self.payload)
+            self._payload_bytes = dumps(self._payload)
         return self._payload_bytes
 
     def payload_json(self) -> str:
@@ -163,12 +212,11 @@ class Event:
         wire = self._wire
         if wire is None:
             wire = self._wire = _WIRE_FORMAT % (
-                json_string(self.host_run_id),
-                (_CURSOR_FORMAT % self.seq).encode(),
-                json_string(self.kind),
-                json_string(self.source),
+                _WIRE_HEADS.get(self.host_run_id) or _wire_head(self.host_run_id),
+                self.seq,
+                _WIRE_KINDS.get((self.kind, self.source)) or _wire_kind(self.kind, self.source),
                 self._payload_bytes or self.payload_bytes(),
-                int(self.created_at),
+                self.created_at,
             )
         return wire
 
@@ -180,10 +228,10 @@ class Event:
         client that streams it."""
         frame = self._frame
         if frame is None:
-            frame = self._frame = b"id: %s\nevent: %s\ndata: %s\n\n" % (
-                (_CURSOR_FORMAT % self.seq).encode(),
-                self.kind.encode(),
-                self.wire_bytes(),
+            frame = self._frame = _FRAME_FORMAT % (
+                self.seq,
+                _FRAME_KINDS.get(self.kind) or _frame_kind(self.kind),
+                self._wire or self.wire_bytes(),
             )
         return frame
 
@@ -216,3 +264,34 @@ class Event:
             "payload": self.payload,
             "createdAt": self.created_at,
         }
+
+
+# The constant parts of wire JSON and SSE frames, per run / kind+source / kind, memoised (bounded).
+_WIRE_FORMAT = b'%%b%%0%dd%%b%%b,"createdAt":%%d}' % CURSOR_WIDTH
+_FRAME_FORMAT = b"id: %%0%dd%%b%%b\n\n" % CURSOR_WIDTH
+_WIRE_HEADS: dict[str, bytes] = {}
+_WIRE_KINDS: dict[tuple[str, str], bytes] = {}
+_FRAME_KINDS: dict[str, bytes] = {}
+_MEMO_LIMIT = 4096
+
+
+def _memo(cache: dict[Any, bytes], key: Any, value: bytes) -> bytes:
+    if len(cache) >= _MEMO_LIMIT:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _wire_head(host_run_id: str) -> bytes:
+    return _memo(_WIRE_HEADS, host_run_id, b'{"schema":"%b","hostRunId":%b,"seq":"' % (
+        EVENT_SCHEMA.encode(), dumps(host_run_id)))
+
+
+def _wire_kind(kind: str, source: str) -> bytes:
+    return _memo(_WIRE_KINDS, (kind, source), b'","kind":%b,"source":%b,"payload":' % (dumps(kind), dumps(source)))
+
+
+def _frame_kind(kind: str) -> bytes:
+    # A line break in a kind would end the SSE field early: the event line never carries one.
+    line = " ".join(kind.splitlines()) if ("\n" in kind or "\r" in kind) else kind
+    return _memo(_FRAME_KINDS, kind, b"\nevent: %b\ndata: " % line.encode())

@@ -89,9 +89,12 @@ class Turn:
         ask_permission: Callable[[dict[str, Any], list[dict[str, Any]], float | None], Awaitable[str | None]]
         | None = None,
         update_receipt: Callable[..., Awaitable[None]] | None = None,
+        emit_nowait: Callable[[str, dict[str, Any], str | None], bool] | None = None,
     ) -> None:
         self.run = run
         self._emit = emit
+        # Appends without awaiting when the journal has room (False: it has none, await `emit`).
+        self._emit_nowait = emit_nowait
         self.history = history
         self.state = state
         self._save_state = save_state
@@ -127,7 +130,9 @@ class Turn:
                 self._text_parts.append(str(payload.get("text", "")))
             elif kind == "message.completed" and "text" in payload:
                 self.final_text = str(payload["text"])
-        await self._emit(kind, payload, source)
+        emit_nowait = self._emit_nowait
+        if emit_nowait is None or not emit_nowait(kind, payload, source):
+            await self._emit(kind, payload, source)
 
     @property
     def assistant_text(self) -> str:

@@ -25,7 +25,7 @@ SEND_TIMEOUT = 60.0
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
     if project is None:
-        return b"".join([event.sse_frame() for event in events])  # each frame built once, for all
+        return b"".join([event._frame or event.sse_frame() for event in events])  # each built once
     parts: list[bytes] = []
     for event in events:
         projected = project(event)
@@ -34,6 +34,20 @@ def encode_events(events: list[Event], project: Callable[[Event], Any] | None = 
         data = projected.encode() if isinstance(projected, str) else dumps(projected)
         parts.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (event.cursor.encode(), event.kind.encode(), data))
     return b"".join(parts)
+
+
+def _shared_frames(bus: Bus, topic: str, events: list[Event]) -> bytes:
+    """The frames of `events`, encoded once for every client that writes the same batch. The same
+    first and last event objects and as many events as seqs between them mean the same events
+    (a merged delta stands for two seqs, so a batch holding one is shorter than its span)."""
+    first, last, count = events[0], events[-1], len(events)
+    cached = bus.shared_frames.get(topic)
+    if cached is not None and cached[0] is first and cached[1] is last and cached[2] == count:
+        return cached[3]
+    blob = encode_events(events)
+    if count == last.seq - first.seq + 1:
+        bus.shared_frames[topic] = (first, last, count, blob)
+    return blob
 
 
 class StreamStats:
@@ -118,7 +132,7 @@ async def stream_run(
                         break  # the client's cursor is already past the end of the run
             if not events:
                 continue
-            blob = encode_events(events, project)
+            blob = encode_events(events, project) if project is not None else _shared_frames(bus, topic, events)
             journal.sync_spool()  # a client never sees an event the spool does not hold
             idle = transport is not None and not transport.get_write_buffer_size()
             if sent and idle and len(blob) + 64 <= high_water:

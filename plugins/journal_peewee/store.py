@@ -32,7 +32,7 @@ import peewee
 from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
 from playhouse import db_url
 
-from gateway.models import Event, Run, json_string, now_ms
+from gateway.models import Event, Run, now_ms
 from gateway.storage import RequestConflict
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
@@ -428,25 +428,11 @@ class PeeweeStorage:
             return
         columns = ", ".join(_EVENT_COLUMNS)
         if self.is_sqlite:
-            # One statement over a JSON array of the rows: SQLite inserts the whole batch in one
-            # step without the GIL (executemany binds every row holding it), so the event loop
-            # keeps delivering meanwhile. The payload is the event's own serialised JSON.
-            batch = (
-                b"["
-                + b",".join(
-                    b"[%s,%d,%s,%s,%s,%d]"
-                    % (
-                        json_string(e.host_run_id),
-                        e.seq,
-                        json_string(e.kind),
-                        json_string(e.source),
-                        e.payload_bytes(),
-                        e.created_at,
-                    )
-                    for e in events
-                )
-                + b"]"
-            )
+            # One statement over a JSON array of the events' wire JSON (built once per event, for
+            # the spool and the clients): SQLite unpacks and inserts the whole batch in one step
+            # without the GIL, so the event loop keeps delivering meanwhile (executemany binds
+            # every row holding it).
+            batch = b"[" + b",".join([e.wire_bytes() for e in events]) + b"]"
         else:
             rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
         with self._write(), _wrap_db_errors:
@@ -455,7 +441,8 @@ class PeeweeStorage:
                 if self.is_sqlite:
                     cursor.execute(
                         f"INSERT INTO {self._events_table} ({columns}) "
-                        "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, value ->> 5 "
+                        "SELECT value ->> 'hostRunId', CAST(value ->> 'seq' AS INTEGER), value ->> 'kind', "
+                        "value ->> 'source', value -> 'payload', value ->> 'createdAt' "
                         "FROM json_each(?) WHERE 1 ON CONFLICT (host_run_id, seq) DO NOTHING",
                         (batch.decode(),),
                     )
@@ -485,7 +472,7 @@ class PeeweeStorage:
     @staticmethod
     def _tuple_to_event(row: tuple[Any, ...]) -> Event:
         host_run_id, seq, kind, source, payload, created_at = row
-        return Event(host_run_id, seq, kind, source, json.loads(payload), created_at)
+        return Event.stored(host_run_id, seq, kind, source, payload, created_at)  # decoded only if read
 
     def _event_query(self, host_run_id: str) -> Any:
         model = self.models.event
