@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.app import GATEWAY_KEY, create_app
+from gateway.cli import tune_gc_for_serving
 from gateway.config import Config
 from gateway.plugins import PluginHost
 from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
@@ -99,6 +100,7 @@ async def main(data_dir: str, storage_url: str) -> None:
         sys.setswitchinterval(float(experiment.split("switch=")[1].split(",")[0]))
     runner = web.AppRunner(app, handle_signals=True, access_log=None)
     await runner.setup()
+    tune_gc_for_serving()  # as `agent-gateway serve` does
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -90,13 +90,16 @@ class Bus:
     def publish(self, topic: str, event: Event) -> None:
         self.publish_many(topic, [event])
 
-    def publish_many(self, topic: str, events: list[Event]) -> None:
-        """Offer `events` (consecutive events of `topic`, in order) to every subscriber."""
+    def publish_many(self, topic: str, events: list[Event], frames: bytes | None = None) -> None:
+        """Offer `events` (consecutive events of `topic`, in order) to every subscriber; `frames`,
+        their SSE frames joined, is what a client that takes exactly these events writes."""
         self.published += len(events)
         subs = self._subscribers.get(topic)
         if not subs:
             return
         count = len(events)
+        if frames is not None:
+            self.shared_frames[topic] = (events[0], events[-1], count, frames)
         for sub in subs:
             buffer = sub.buffer
             if not sub.needs_replay and len(buffer) + count <= sub.capacity:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -80,6 +81,19 @@ def serve(
     asyncio.run(_serve(config, plugins, demo))
 
 
+# Young-generation collections every 20,000 allocations instead of 700: a busy run allocates a few
+# objects per event, nearly all freed within milliseconds, and the default threshold made the
+# collector walk them (and promote survivors) about once per 200 events.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
+def tune_gc_for_serving() -> None:
+    """Freeze what start-up allocated (plugins, config, routes: never garbage) out of the
+    collector's view, and collect the young generation less often."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     fake = None
     if demo:
@@ -91,6 +105,7 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     app = create_app(config, plugins)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
+    tune_gc_for_serving()
     gw = config.section("gateway")
     site = web.TCPSite(runner, gw["host"], gw["port"])
     await site.start()

@@ -1,8 +1,9 @@
 """The event journal: assigns seqs, enforces the terminal rule, spools, publishes, group-commits.
 
-An event takes one path: `append` gives it the run's next seq, serialises it once, writes that
-line to the spool (a local append-only file: one `write()` call, so it survives a killed process),
-publishes it to the bus, and queues it for storage. A writer task commits queued events in
+An event takes one path: `append` gives it the run's next seq; then, once per loop tick for all
+events appended in it, `publish` serialises each once, writes their lines to the spool (a local
+append-only file: one `write()` call, so they survive a killed process), hands each run's events
+to the bus as one batch, and queues them for storage. A writer task commits queued events in
 batches (group commit) on a worker thread. Delivery never waits on the database; at start-up,
 spooled events missing from storage are written back before anything else runs, so a seq a
 client has seen is never given to another event.
@@ -20,7 +21,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,12 @@ class Journal:
         self._read_executor = read_executor
         self._next_seq: dict[str, int] = {}
         self._terminal: set[str] = set()
-        self._queue: deque[Event] = deque()
-        self._pending_by_run: dict[str, deque[Event]] = {}
-        self._appended = 0  # numbers every appended event
+        # Published events waiting for storage, as the per-run batches `publish` made (oldest first),
+        # and the same batches per run (for reads of the uncommitted tail).
+        self._queue: deque[list[Event]] = deque()
+        self._queued = 0
+        self._pending_by_run: dict[str, deque[list[Event]]] = {}
+        self._appended = 0  # numbers every published event
         self._committed = 0
         self._queue_ready = asyncio.Event()
         self._room = asyncio.Event()
@@ -89,9 +93,7 @@ class Journal:
         self._segments: deque[_SpoolSegment] = deque()
         self._segment_counter = 0
         self._instance = secrets.token_hex(4)
-        self._spool_buffer: list[bytes] = []
-        # Events appended since the last flush, per run, in order: spooled with one write and
-        # handed to the bus as one batch per run at the end of the loop tick.
+        # Events appended since the last `publish`, per run, in order.
         self._unpublished: dict[str, list[Event]] = {}
         self._closed = False
         self.commit_errors = 0
@@ -136,7 +138,7 @@ class Journal:
 
     def forget_run(self, host_run_id: str) -> None:
         """Stop tracking a finished run once its events are committed."""
-        if not self._pending_by_run.get(host_run_id):
+        if not self._pending_by_run.get(host_run_id) and host_run_id not in self._unpublished:
             self._next_seq.pop(host_run_id, None)
             self._terminal.discard(host_run_id)
 
@@ -161,13 +163,12 @@ class Journal:
     ) -> Event | None:
         """`append` without waiting, for runtimes that emit in bursts: the event has its seq and
         is readable at once; it is spooled and published at the end of the loop tick (or by the
-        next `append`). Raises JournalFull when `max_pending` events wait for storage (then
-        await `append`)."""
+        next `append` or read). Raises JournalFull when `max_pending` events wait for storage
+        (then await `append`)."""
         if self._closed:
             raise JournalClosed("journal is closed")
-        queue = self._queue
-        if len(queue) >= self.max_pending:
-            raise JournalFull(f"{len(queue)} events wait for storage")
+        if self._queued >= self.max_pending:
+            raise JournalFull(f"{self._queued} events wait for storage")
         next_seq = self._next_seq
         seq = next_seq.get(host_run_id)
         if seq is None:
@@ -179,43 +180,51 @@ class Journal:
         event = Event(host_run_id, seq, kind, source, payload)
         if kind in TERMINAL_KINDS:
             self._terminal.add(host_run_id)
-        self._appended += 1
-        queue.append(event)
-        run_pending = self._pending_by_run.get(host_run_id)
-        if run_pending is None:
-            run_pending = self._pending_by_run[host_run_id] = deque()
-        run_pending.append(event)
-        if not self._queue_ready.is_set():
-            self._queue_ready.set()
         unpublished = self._unpublished
-        if not unpublished:
-            asyncio.get_running_loop().call_soon(self.publish)
         batch = unpublished.get(host_run_id)
-        if batch is None:
-            unpublished[host_run_id] = [event]
-        else:
+        if batch is not None:
             batch.append(event)
-        if self._segments:
-            self._spool_buffer.append(event.wire_bytes())
+        else:
+            if not unpublished:
+                asyncio.get_running_loop().call_soon(self.publish)
+            unpublished[host_run_id] = [event]
         return event
 
     def publish(self) -> None:
-        """Spool, then hand to the bus (one batch per run) and to `on_append` hooks, every event
-        appended since the last call. Runs once per loop tick; idempotent."""
-        self.sync_spool()
+        """Spool, then hand to the bus (one batch per run), to `on_append` hooks and to the
+        storage queue every event appended since the last call. Runs at the end of each loop tick
+        and before any read, so a client never sees an event the spool does not hold."""
         unpublished = self._unpublished
         if not unpublished:
             return
         self._unpublished = {}
+        for events in unpublished.values():
+            self._appended += len(events)
+        # Each run's SSE frames, joined once: the spool's lines, and what every client in step
+        # with the run writes.
+        blobs = [b"".join([event._frame or event.sse_frame() for event in events]) for events in unpublished.values()]
+        if self._segments:
+            self._spool(blobs[0] if len(blobs) == 1 else b"".join(blobs))
+        queue, pending = self._queue, self._pending_by_run
         publish, hooks = self.bus.publish_many, self.on_append
-        for host_run_id, events in unpublished.items():
-            publish(host_run_id, events)
+        for (host_run_id, events), blob in zip(unpublished.items(), blobs, strict=True):
+            queue.append(events)
+            self._queued += len(events)
+            run_pending = pending.get(host_run_id)
+            if run_pending is None:
+                pending[host_run_id] = deque((events,))
+            else:
+                run_pending.append(events)
+            publish(host_run_id, events, blob)
             for hook in hooks:
                 for event in events:
                     hook(event)
+        if not self._queue_ready.is_set():
+            self._queue_ready.set()
 
     async def flush(self) -> None:
         """Wait until every event appended so far is committed to storage."""
+        self.publish()
         target = self._appended
         if self._committed >= target:
             return
@@ -225,7 +234,7 @@ class Journal:
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return self._queued
 
     @property
     def appended(self) -> int:
@@ -235,8 +244,8 @@ class Journal:
     async def read(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """Events after `after_seq`, committed or not. The uncommitted tail is captured before the
         first await, so together with a bus subscription taken in the same step nothing is missed."""
-        self.sync_spool()
-        snapshot = [e for e in self._pending_by_run.get(host_run_id, ()) if e.seq > after_seq]
+        self.publish()
+        snapshot = [e for batch in self._pending_by_run.get(host_run_id, ()) for e in batch if e.seq > after_seq]
         stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
         if limit is not None and len(stored) >= limit:
             return stored
@@ -246,9 +255,10 @@ class Journal:
         return events if limit is None else events[:limit]
 
     async def last_event(self, host_run_id: str) -> Event | None:
+        self.publish()
         pending = self._pending_by_run.get(host_run_id)
         if pending:
-            return pending[-1]
+            return pending[-1][-1]
         return await self._in_reader(self.storage.last_event, host_run_id)
 
     async def _in_reader(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -265,8 +275,15 @@ class Journal:
             if not self._queue:
                 self._queue_ready.clear()
                 continue
-            count = min(len(self._queue), self.batch_max)
-            batch = list(islice(self._queue, count))
+            # Whole per-run batches, oldest first, up to about `batch_max` events.
+            taken: list[list[Event]] = []
+            count = 0
+            for events in self._queue:
+                taken.append(events)
+                count += len(events)
+                if count >= self.batch_max:
+                    break
+            batch = list(chain.from_iterable(taken))
             try:
                 await self._in_writer(self.storage.append_events, batch)
             except Exception:
@@ -277,25 +294,18 @@ class Journal:
                 continue
             backoff = 0.05
             self.batches += 1
-            # The batch is the queue's head (only this loop pops), and each run's pending head.
+            # The taken batches are the queue's head (only this loop pops) and each run's pending head.
             queue, pending = self._queue, self._pending_by_run
-            if count == len(queue):
-                queue.clear()
-            else:
-                for _ in range(count):
-                    queue.popleft()
-            run_id, run_pending = None, None
-            for event in batch:
-                if event.host_run_id != run_id:
-                    if run_pending is not None and not run_pending:
-                        del pending[run_id]
-                    run_id = event.host_run_id
-                    run_pending = pending[run_id]
-                run_pending.popleft()  # type: ignore[union-attr]
-            if run_pending is not None and not run_pending:
-                del pending[run_id]
+            for events in taken:
+                queue.popleft()
+                host_run_id = events[0].host_run_id
+                run_pending = pending[host_run_id]
+                run_pending.popleft()
+                if not run_pending:
+                    del pending[host_run_id]
+            self._queued -= count
             self._committed += count
-            if len(self._queue) < self.max_pending:
+            if self._queued < self.max_pending:
                 self._room.set()
             self._release_flush_waiters()
             self._drop_committed_segments()
@@ -315,19 +325,12 @@ class Journal:
         assert self.spool_dir is not None
         self._segment_counter += 1
         # The random part keeps two journals of one process (or a reused pid) apart.
-        path = self.spool_dir / f"{os.getpid()}-{self._instance}-{self._segment_counter:06d}.jsonl"
+        path = self.spool_dir / f"{os.getpid()}-{self._instance}-{self._segment_counter:06d}.spool"
         self._segments.append(_SpoolSegment(path))
 
-    def sync_spool(self) -> None:
-        """Write buffered spool lines: one `write()` per loop tick, and always before any reader
-        (SSE writer, events page) hands an event to a client."""
-        if not self._spool_buffer or not self._segments:
-            return
+    def _spool(self, blob: bytes) -> None:
+        """Append SSE frames (`data:` holds the wire JSON) with one `write()`."""
         segment = self._segments[-1]
-        buffer = self._spool_buffer
-        buffer.append(b"")  # one line per event: wire JSON never holds a raw line break
-        blob = b"\n".join(buffer)
-        buffer.clear()
         view = memoryview(blob)
         while view:
             written = os.write(segment.fd, view)
@@ -343,7 +346,8 @@ class Journal:
 
     def _recover_spool(self) -> None:
         assert self.spool_dir is not None
-        for path in sorted(self.spool_dir.glob("*.jsonl")):
+        # `.spool` holds SSE frames; `.jsonl` (earlier versions) one wire JSON object per line.
+        for path in sorted([*self.spool_dir.glob("*.spool"), *self.spool_dir.glob("*.jsonl")]):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -357,6 +361,10 @@ class Journal:
                 recovered = 0
                 with open(fd, "rb", closefd=False) as lines:
                     for raw in lines:
+                        if raw.startswith(b"data: "):
+                            raw = raw[6:]
+                        elif not raw.startswith(b"{"):
+                            continue  # a frame's id: / event: line, or the blank line ending it
                         try:
                             batch.append(Event.from_wire(json.loads(raw)))
                         except (ValueError, KeyError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from time import time as _time
 from typing import Any
 
 import orjson
@@ -163,7 +164,7 @@ class Event:
         self.kind = kind
         self.source = source
         self._payload: dict[str, Any] | None = payload
-        self.created_at = now_ms() if created_at is None else created_at
+        self.created_at = int(_time() * 1000) if created_at is None else created_at  # now_ms(), inline
         self._payload_bytes: bytes | None = None
         self._wire: bytes | None = None
         self._frame: bytes | None = None
@@ -231,7 +232,11 @@ class Event:
             frame = self._frame = _FRAME_FORMAT % (
                 self.seq,
                 _FRAME_KINDS.get(self.kind) or _frame_kind(self.kind),
-                self._wire or self.wire_bytes(),
+                _WIRE_HEADS.get(self.host_run_id) or _wire_head(self.host_run_id),
+                self.seq,
+                _WIRE_KINDS.get((self.kind, self.source)) or _wire_kind(self.kind, self.source),
+                self._payload_bytes or self.payload_bytes(),
+                self.created_at,
             )
         return frame
 
@@ -268,7 +273,7 @@ class Event:
 
 # The constant parts of wire JSON and SSE frames, per run / kind+source / kind, memoised (bounded).
 _WIRE_FORMAT = b'%%b%%0%dd%%b%%b,"createdAt":%%d}' % CURSOR_WIDTH
-_FRAME_FORMAT = b"id: %%0%dd%%b%%b\n\n" % CURSOR_WIDTH
+_FRAME_FORMAT = b"id: %%0%dd%%b" % CURSOR_WIDTH + _WIRE_FORMAT + b"\n\n"  # the data: line is the wire JSON
 _WIRE_HEADS: dict[str, bytes] = {}
 _WIRE_KINDS: dict[tuple[str, str], bytes] = {}
 _FRAME_KINDS: dict[str, bytes] = {}

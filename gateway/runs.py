@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.errors import ApiError
-from gateway.journal import Journal, JournalFull
+from gateway.journal import Journal
 from gateway.logs import agent_id_var, run_id_var, session_id_var
 from gateway.models import (
     ACTIVE_STATUSES,
@@ -275,14 +276,6 @@ class RunManager:
         async def emit(kind: str, payload: dict[str, Any], source: str | None) -> None:
             await self.journal.append(run.host_run_id, kind, payload, source or run.agent_id)
 
-        append_nowait, host_run_id, agent_id = self.journal.append_nowait, run.host_run_id, run.agent_id
-
-        def emit_nowait(kind: str, payload: dict[str, Any], source: str | None) -> bool:
-            try:
-                append_nowait(host_run_id, kind, payload, source or agent_id)
-            except JournalFull:
-                return False
-            return True
 
         async def save_state(new_state: dict[str, Any]) -> None:
             await self._update_session(
@@ -312,7 +305,7 @@ class RunManager:
             services=self.services,
             ask_permission=ask_permission,
             update_receipt=update_receipt,
-            emit_nowait=emit_nowait,
+            emit_nowait=functools.partial(self.journal.append_nowait, run.host_run_id),
         )
         active.turn = turn
         await self._resolve_capabilities(run)

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gateway.journal import JournalFull
 from gateway.models import TERMINAL_KINDS, Run
 
 
@@ -89,11 +90,11 @@ class Turn:
         ask_permission: Callable[[dict[str, Any], list[dict[str, Any]], float | None], Awaitable[str | None]]
         | None = None,
         update_receipt: Callable[..., Awaitable[None]] | None = None,
-        emit_nowait: Callable[[str, dict[str, Any], str | None], bool] | None = None,
+        emit_nowait: Callable[[str, dict[str, Any], str], Any] | None = None,
     ) -> None:
         self.run = run
         self._emit = emit
-        # Appends without awaiting when the journal has room (False: it has none, await `emit`).
+        # Appends without awaiting; raises JournalFull when the journal has no room (then `emit`).
         self._emit_nowait = emit_nowait
         self.history = history
         self.state = state
@@ -131,8 +132,13 @@ class Turn:
             elif kind == "message.completed" and "text" in payload:
                 self.final_text = str(payload["text"])
         emit_nowait = self._emit_nowait
-        if emit_nowait is None or not emit_nowait(kind, payload, source):
-            await self._emit(kind, payload, source)
+        if emit_nowait is not None:
+            try:
+                emit_nowait(kind, payload, source or self.run.agent_id)
+                return
+            except JournalFull:
+                pass  # storage is behind: wait for room
+        await self._emit(kind, payload, source)
 
     @property
     def assistant_text(self) -> str:

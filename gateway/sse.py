@@ -133,7 +133,6 @@ async def stream_run(
             if not events:
                 continue
             blob = encode_events(events, project) if project is not None else _shared_frames(bus, topic, events)
-            journal.sync_spool()  # a client never sees an event the spool does not hold
             idle = transport is not None and not transport.get_write_buffer_size()
             if sent and idle and len(blob) + 64 <= high_water:
                 # Headers sent, nothing queued (so not paused) and the batch fits below the

@@ -291,7 +291,7 @@ async def test_spooled_events_reach_storage_after_a_crash(storage: PeeweeStorage
     assert proc.returncode == -9, proc.stderr
     assert proc.stdout.startswith("spooled 401"), proc.stdout + proc.stderr
     assert storage.read_events("run_a") == []
-    leftovers = sorted(spool.glob("*.jsonl"))
+    leftovers = sorted(spool.glob("*.spool"))
     assert leftovers
     # The kill may cut a line short; recovery skips it.
     with leftovers[-1].open("a") as handle:
@@ -335,7 +335,7 @@ async def test_a_live_spool_segment_is_not_taken_by_another_journal(storage: Pee
     assert first.commit_errors >= 1
     await first.close()
     assert seqs(storage.read_events("run_live")) == [1, 2, 3, 4, 5]
-    assert list(spool.glob("*.jsonl")) == []
+    assert list(spool.glob("*.spool")) == []
 
 
 # -- the bus --------------------------------------------------------------------------------------------

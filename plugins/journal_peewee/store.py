@@ -13,7 +13,8 @@ URLs (the query string becomes driver connect arguments, as in ``playhouse.db_ur
 
 Connections are per thread (peewee's thread-local connection state): the core calls the storage
 from worker threads. The hot path, :meth:`PeeweeStorage.append_events`, bypasses the query builder
-and feeds the connection's cursor directly (SQLite ``executemany``; psycopg2 ``execute_values``).
+and feeds the connection's cursor directly (SQLite: one ``INSERT ... SELECT`` over a JSON array of
+the batch's rows; psycopg2 ``execute_values``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+import orjson
 import peewee
+from orjson import Fragment
 from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
 from playhouse import db_url
 
@@ -428,11 +431,12 @@ class PeeweeStorage:
             return
         columns = ", ".join(_EVENT_COLUMNS)
         if self.is_sqlite:
-            # One statement over a JSON array of the events' wire JSON (built once per event, for
-            # the spool and the clients): SQLite unpacks and inserts the whole batch in one step
-            # without the GIL, so the event loop keeps delivering meanwhile (executemany binds
-            # every row holding it).
-            batch = b"[" + b",".join([e.wire_bytes() for e in events]) + b"]"
+            # One statement over a JSON array of rows (orjson embeds each event's serialised payload
+            # as is): SQLite unpacks and inserts the whole batch in one step without the GIL, so
+            # the event loop keeps delivering meanwhile (executemany binds every row holding it).
+            batch = orjson.dumps(
+                [(e.host_run_id, e.seq, e.kind, e.source, Fragment(e.payload_bytes()), e.created_at) for e in events]
+            )
         else:
             rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
         with self._write(), _wrap_db_errors:
@@ -441,8 +445,7 @@ class PeeweeStorage:
                 if self.is_sqlite:
                     cursor.execute(
                         f"INSERT INTO {self._events_table} ({columns}) "
-                        "SELECT value ->> 'hostRunId', CAST(value ->> 'seq' AS INTEGER), value ->> 'kind', "
-                        "value ->> 'source', value -> 'payload', value ->> 'createdAt' "
+                        "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, value ->> 5 "
                         "FROM json_each(?) WHERE 1 ON CONFLICT (host_run_id, seq) DO NOTHING",
                         (batch.decode(),),
                     )
