@@ -87,9 +87,11 @@ async def main(data_dir: str, storage_url: str) -> None:
     overrides: dict[str, dict[str, Any]] = {"gateway": {"data_dir": data_dir}}
     if storage_url:
         overrides["storage"] = {"url": storage_url}
+    experiment = os.environ.get("BENCH_EXPERIMENT", "")  # profiling aids, never used by the figures
+    if "batch=" in experiment:
+        overrides["gateway"]["journal_batch_events"] = int(experiment.split("batch=")[1].split(",")[0])
     config = Config.load(None, env={}, overrides=overrides)
     app = create_app(config, PluginHost.load(env={}, extra=(BurstPlugin(),)))
-    experiment = os.environ.get("BENCH_EXPERIMENT", "")  # profiling aids, never used by the figures
     if "null-storage" in experiment:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
     if "gc-off" in experiment:

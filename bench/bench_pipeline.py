@@ -4,7 +4,7 @@
 
 The gateway runs in its own process (`_burst_server.py`, a `burst` runtime emitting deltas as fast
 as it can, yielding every 100 events); the SSE clients run in two other processes on raw sockets
-and count events by their `id:` lines, so they are not the bottleneck. The run waits until every
+and count events by their `data:` lines, so they are not the bottleneck. The run waits until every
 client is attached, stamps the start (CLOCK_MONOTONIC, system-wide), and the rate is
 events / (the later of the last client's terminal event and the journal's last commit, minus the
 start): every event spooled before any client sees it, delivered to every client, and committed to

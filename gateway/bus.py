@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 
 from gateway.models import MERGEABLE_KINDS, Event
 
@@ -39,6 +40,8 @@ class Subscriber:
         self.needs_replay = False
         self.merges = 0
         self.replays = 0
+        # Set by an idle stream writer: writes a published batch itself, or returns False.
+        self.write_directly: Callable[[list[Event], bytes | None], bool] | None = None
 
     def offer(self, event: Event) -> None:
         if self.needs_replay:
@@ -102,6 +105,9 @@ class Bus:
             self.shared_frames[topic] = (events[0], events[-1], count, frames)
         for sub in subs:
             buffer = sub.buffer
+            write_directly = sub.write_directly
+            if write_directly is not None and not buffer and not sub.needs_replay and write_directly(events, frames):
+                continue
             if not sub.needs_replay and len(buffer) + count <= sub.capacity:
                 buffer.extend(events)  # `offer`'s common case, for the whole batch
                 wakeup = sub.wakeup

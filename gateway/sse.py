@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp_sse import EventSourceResponse
 
 from gateway.bus import Bus
@@ -101,6 +101,32 @@ async def stream_run(
     last = after_seq
     replaying = True
     sent = False
+    finished = False
+    chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
+    # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
+    # uncompressed) streams.
+    can_write_directly = project is None and transport is not None and not response.compression
+
+    def write_directly(events: list[Event], frames: bytes | None) -> bool:
+        """Write a just-published batch to the socket from `publish`, while this client waits with
+        nothing buffered: no task switch per client per batch. Declines (the batch is then
+        buffered as usual) when the write could fill the transport's buffer, so it never needs a
+        drain or a send timer."""
+        nonlocal last, finished
+        assert transport is not None
+        if events[0].seq <= last or transport.is_closing():
+            return False
+        blob = frames if frames is not None else encode_events(events)
+        if transport.get_write_buffer_size() + len(blob) + 16 > high_water:
+            return False
+        transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if chunked else blob)
+        stats.delivered += len(events)
+        last = events[-1].seq
+        if events[-1].is_terminal:  # nothing follows a run's terminal event
+            finished = True
+            subscriber.write_directly = None
+            wakeup.set()
+        return True
     try:
         while True:
             if replaying or subscriber.needs_replay:
@@ -122,7 +148,12 @@ async def stream_run(
                         wakeup.clear()
                         if not response.is_connected():
                             break
+                    if sent and can_write_directly:  # (headers are out: aiohttp sends them with the first write)
+                        subscriber.write_directly = write_directly
                     await wakeup.wait()
+                    subscriber.write_directly = None
+                    if finished:
+                        break
                     continue
                 taken = subscriber.take(WRITE_BATCH)
                 events = taken

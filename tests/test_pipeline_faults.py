@@ -170,7 +170,9 @@ async def test_a_slow_client_gets_everything_in_order_with_bounded_buffers(make_
     before = await _metrics(client)
     run_id = await _post(
         client,
-        script_body("s-slow", "req-slow", deltas=5000, every=40, chars=120, yieldEvery=64, gate="go"),
+        # ~10 MB of frames: more than the kernel's socket buffers take for a reader that stopped
+        # (tcp_wmem allows the gateway's side up to 4 MiB), so the gateway's own buffers fill.
+        script_body("s-slow", "req-slow", deltas=5000, every=40, chars=2000, yieldEvery=64, gate="go"),
     )
     # A slow client (tiny socket buffer; we stop reading) and a normal one.
     slow = RawSseClient(client.server.host, client.server.port, f"/v1/runs/{run_id}/stream")
