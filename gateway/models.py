@@ -229,13 +229,20 @@ class Event:
         client that streams it."""
         frame = self._frame
         if frame is None:
+            payload = self._payload_bytes
+            if payload is None:
+                try:
+                    payload = self._payload_bytes = orjson.dumps(self._payload)  # `dumps`, inline: the hot path
+                except TypeError:
+                    payload = self._payload_bytes = dumps(self._payload)
+            kind = self.kind
             frame = self._frame = _FRAME_FORMAT % (
                 self.seq,
-                _FRAME_KINDS.get(self.kind) or _frame_kind(self.kind),
+                _FRAME_KINDS.get(kind) or _frame_kind(kind),
                 _WIRE_HEADS.get(self.host_run_id) or _wire_head(self.host_run_id),
                 self.seq,
-                _WIRE_KINDS.get((self.kind, self.source)) or _wire_kind(self.kind, self.source),
-                self._payload_bytes or self.payload_bytes(),
+                _WIRE_KINDS.get((kind, self.source)) or _wire_kind(kind, self.source),
+                payload,
                 self.created_at,
             )
         return frame
