@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.bus import Bus
-from gateway.models import TERMINAL_KINDS, Event
+from gateway.models import TERMINAL_KINDS, Event, sse_frames
 from gateway.storage import Storage
 
 log = logging.getLogger("gateway.journal")
@@ -202,7 +202,7 @@ class Journal:
             self._appended += len(events)
         # Each run's SSE frames, joined once: the spool's lines, and what every client in step
         # with the run writes.
-        blobs = [b"".join([event._frame or event.sse_frame() for event in events]) for events in unpublished.values()]
+        blobs = [sse_frames(events) for events in unpublished.values()]
         if self._segments:
             self._spool(blobs[0] if len(blobs) == 1 else b"".join(blobs))
         queue, pending = self._queue, self._pending_by_run

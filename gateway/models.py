@@ -278,9 +278,42 @@ class Event:
         }
 
 
+def sse_frames(events: list[Event]) -> bytes:
+    """The SSE frames of `events`, joined: `b"".join(e.sse_frame() for e in events)` without
+    keeping a frame per event (the publish path: the joined frames are what clients in step get
+    and what the spool holds). Keeps each event's serialised payload for storage."""
+    parts: list[bytes] = []
+    extend = parts.extend
+    for event in events:
+        frame = event._frame
+        if frame is not None:
+            parts.append(frame)
+            continue
+        payload = event._payload_bytes
+        if payload is None:
+            try:
+                payload = event._payload_bytes = orjson.dumps(event._payload)
+            except TypeError:
+                payload = event._payload_bytes = dumps(event._payload)
+        kind, seq = event.kind, _SEQ_FORMAT % event.seq
+        extend((
+            b"id: ",
+            seq,
+            _FRAME_KINDS.get(kind) or _frame_kind(kind),
+            _WIRE_HEADS.get(event.host_run_id) or _wire_head(event.host_run_id),
+            seq,
+            _WIRE_KINDS.get((kind, event.source)) or _wire_kind(kind, event.source),
+            payload,
+            _FRAME_TAIL % event.created_at,
+        ))
+    return b"".join(parts)
+
+
 # The constant parts of wire JSON and SSE frames, per run / kind+source / kind, memoised (bounded).
 _WIRE_FORMAT = b'%%b%%0%dd%%b%%b,"createdAt":%%d}' % CURSOR_WIDTH
 _FRAME_FORMAT = b"id: %%0%dd%%b" % CURSOR_WIDTH + _WIRE_FORMAT + b"\n\n"  # the data: line is the wire JSON
+_SEQ_FORMAT = b"%%0%dd" % CURSOR_WIDTH
+_FRAME_TAIL = b',"createdAt":%d}\n\n'
 _WIRE_HEADS: dict[str, bytes] = {}
 _WIRE_KINDS: dict[tuple[str, str], bytes] = {}
 _FRAME_KINDS: dict[str, bytes] = {}
