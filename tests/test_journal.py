@@ -293,9 +293,12 @@ async def test_spooled_events_reach_storage_after_a_crash(storage: PeeweeStorage
     assert storage.read_events("run_a") == []
     leftovers = sorted(spool.glob("*.spool"))
     assert leftovers
-    # The kill may cut a line short; recovery skips it.
+    # The kill may cut a frame short; recovery skips it.
     with leftovers[-1].open("a") as handle:
-        handle.write('{"schema":"gateway.run_event.v1","hostRunId":"run_a","seq":"0000')
+        handle.write('id: 000000000000000302\nevent: message.delta\ndata: {"schema":"gateway.run_event.v1","hostRu')
+    # A segment left by an earlier version (one wire JSON object per line) is recovered too.
+    legacy = Event("run_c", 1, "message.delta", "chat-only", {"text": "from an older gateway"}, 5)
+    (spool / "1-0000-000001.jsonl").write_bytes(legacy.wire_bytes() + b"\n")
 
     journal = Journal(storage, Bus(), spool)
     await journal.start()
@@ -307,7 +310,8 @@ async def test_spooled_events_reach_storage_after_a_crash(storage: PeeweeStorage
     assert {e.source for e in stored_a[:-1]} == {"chat-only"}
     assert seqs(stored_b) == list(range(1, 101))
     assert [e.payload["text"] for e in stored_b] == [f"b{i}" for i in range(0, 300, 3)]
-    assert all(not path.exists() for path in leftovers)
+    assert storage.read_events("run_c") == [legacy]
+    assert all(not path.exists() for path in leftovers) and not list(spool.glob("*.jsonl"))
     await journal.close()
     # Recovering twice is harmless (a replayed batch is skipped by the store).
     again = Journal(storage, Bus(), spool)
