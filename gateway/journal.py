@@ -34,6 +34,9 @@ log = logging.getLogger("gateway.journal")
 SPOOL_SEGMENT_BYTES = 32 * 1024 * 1024
 RECOVERY_BATCH = 5000
 BURST_EVENTS = 64
+# A runtime that emits without ever yielding to the loop still gets its events published (and
+# `max_pending` enforced) every this many events.
+PUBLISH_EVERY = 1024
 
 
 class JournalClosed(Exception):
@@ -96,6 +99,7 @@ class Journal:
         self._instance = secrets.token_hex(4)
         # Events appended since the last `publish`, per run, in order.
         self._unpublished: dict[str, list[Event]] = {}
+        self._unpublished_count = 0
         self._burst = False
         self._closed = False
         self.commit_errors = 0
@@ -190,6 +194,9 @@ class Journal:
             if not unpublished:
                 asyncio.get_running_loop().call_soon(self._publish_tick)
             unpublished[host_run_id] = [event]
+        self._unpublished_count += 1
+        if self._unpublished_count >= PUBLISH_EVERY:
+            self.publish()
         return event
 
     def _publish_tick(self) -> None:
@@ -210,9 +217,7 @@ class Journal:
         if not unpublished:
             return
         self._unpublished = {}
-        count = 0
-        for events in unpublished.values():
-            count += len(events)
+        count, self._unpublished_count = self._unpublished_count, 0
         self._appended += count
         self._burst = count >= BURST_EVENTS
         # Each run's SSE frames, joined once: the spool's lines, and what every client in step

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gateway.bus import Bus, Subscriber
-from gateway.journal import Journal
+from gateway.journal import PUBLISH_EVERY, Journal, JournalFull
 from gateway.models import Event
 from plugins.journal_peewee import PeeweeStorage
 
@@ -142,6 +142,29 @@ async def test_seqs_are_strictly_increasing_per_run(storage: PeeweeStorage, tmp_
     await journal.close()
 
 
+async def test_a_runtime_that_never_yields_is_published_and_bounded(storage: PeeweeStorage, tmp_path: Path) -> None:
+    """`append_nowait` in a loop that never awaits (so no loop tick ends): subscribers still get
+    the events as they go, and the burst is refused once `max_pending` events wait for storage."""
+    bus = Bus()
+    journal = Journal(storage, bus, tmp_path / "spool", max_pending=3000)
+    await journal.start()
+    journal.open_run("run_n")
+    sub = bus.subscribe("run_n", 100_000)
+    appended = 0
+    with pytest.raises(JournalFull):
+        for i in range(10_000):  # no await: neither the writer nor a tick's publish can run
+            journal.append_nowait("run_n", "message.delta", {"text": str(i)}, "test")
+            appended += 1
+            assert journal.appended > appended - PUBLISH_EVERY  # published as it goes
+    assert 3000 <= appended < 3000 + PUBLISH_EVERY
+    assert seqs(list(sub.buffer)) == list(range(1, appended + 1))
+    async with asyncio.timeout(WAIT):
+        await journal.append("run_n", "run.completed", {"status": "completed"})  # waits for room
+        await journal.flush()
+    assert seqs(storage.read_events("run_n")) == list(range(1, appended + 2))
+    await journal.close()
+
+
 async def test_open_run_continues_after_the_stored_seq(storage: PeeweeStorage, tmp_path: Path) -> None:
     journal = Journal(storage, Bus(), tmp_path / "spool")
     await journal.start()
@@ -248,7 +271,7 @@ CRASHING_WRITER = textwrap.dedent(
     import asyncio, os, signal, sys
     from pathlib import Path
     from gateway.bus import Bus
-    from gateway.journal import Journal
+    from gateway.journal import PUBLISH_EVERY, Journal, JournalFull
     from plugins.journal_peewee import PeeweeStorage
 
     class DownStorage(PeeweeStorage):
