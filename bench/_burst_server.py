@@ -87,19 +87,27 @@ async def main(data_dir: str, storage_url: str) -> None:
     overrides: dict[str, dict[str, Any]] = {"gateway": {"data_dir": data_dir}}
     if storage_url:
         overrides["storage"] = {"url": storage_url}
-    experiment = os.environ.get("BENCH_EXPERIMENT", "")  # profiling aids, never used by the figures
-    if "batch=" in experiment:
-        overrides["gateway"]["journal_batch_events"] = int(experiment.split("batch=")[1].split(",")[0])
+    # Profiling aids, never used for the documented figures: BENCH_EXPERIMENT="null-storage,gc-off,
+    # batch=N (journal_batch_events),burst-publish=N (journal.BURST_PUBLISH),switch=S (GIL interval)".
+    experiment = dict(
+        item.partition("=")[::2] for item in os.environ.get("BENCH_EXPERIMENT", "").split(",") if item
+    )
+    if "batch" in experiment:
+        overrides["gateway"]["journal_batch_events"] = int(experiment["batch"])
     config = Config.load(None, env={}, overrides=overrides)
     app = create_app(config, PluginHost.load(env={}, extra=(BurstPlugin(),)))
     if "null-storage" in experiment:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
+    if "burst-publish" in experiment:
+        import gateway.journal
+
+        gateway.journal.BURST_PUBLISH = int(experiment["burst-publish"])
     if "gc-off" in experiment:
         import gc
 
         gc.disable()
-    if "switch=" in experiment:
-        sys.setswitchinterval(float(experiment.split("switch=")[1].split(",")[0]))
+    if "switch" in experiment:
+        sys.setswitchinterval(float(experiment["switch"]))
     runner = web.AppRunner(app, handle_signals=True, access_log=None)
     await runner.setup()
     tune_gc_for_serving()  # as `agent-gateway serve` does

@@ -34,6 +34,7 @@ log = logging.getLogger("gateway.journal")
 SPOOL_SEGMENT_BYTES = 32 * 1024 * 1024
 RECOVERY_BATCH = 5000
 BURST_EVENTS = 64
+BURST_PUBLISH = 256
 # A runtime that emits without ever yielding to the loop still gets its events published (and
 # `max_pending` enforced) every this many events.
 PUBLISH_EVERY = 1024
@@ -101,6 +102,7 @@ class Journal:
         self._unpublished: dict[str, list[Event]] = {}
         self._unpublished_count = 0
         self._burst = False
+        self._deferred_at = 0  # events waiting when `_publish_tick` last waited
         self._closed = False
         self.commit_errors = 0
         self.batches = 0
@@ -200,13 +202,16 @@ class Journal:
         return event
 
     def _publish_tick(self) -> None:
-        """`publish` at the end of a loop tick. While a runtime emits a burst (the last tick
-        published at least BURST_EVENTS), every other tick waits one more loop iteration: each
-        client's socket then gets half as many writes, for one iteration of added latency."""
-        if self._burst and self._unpublished:
-            self._burst = False
-            asyncio.get_running_loop().call_soon(self.publish)
+        """`publish` at the end of a loop tick. While a runtime emits a burst (the last publish
+        took at least BURST_EVENTS), publishing waits for more loop iterations, as long as each
+        adds events, until BURST_PUBLISH events wait: each client's socket then gets a few large
+        writes instead of many small ones, for a few iterations of added latency."""
+        count = self._unpublished_count
+        if self._burst and 0 < count < BURST_PUBLISH and count != self._deferred_at:
+            self._deferred_at = count
+            asyncio.get_running_loop().call_soon(self._publish_tick)
             return
+        self._deferred_at = 0
         self.publish()
 
     def publish(self) -> None:

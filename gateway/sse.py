@@ -110,15 +110,15 @@ async def stream_run(
     def write_directly(events: list[Event], frames: bytes | None) -> bool:
         """Write a just-published batch to the socket from `publish`, while this client waits with
         nothing buffered: no task switch per client per batch. Declines (the batch is then
-        buffered as usual) when the write could fill the transport's buffer, so it never needs a
-        drain or a send timer."""
+        buffered as usual) unless the transport's own buffer is empty, so at most one batch ever
+        waits there and no drain or send timer is needed."""
         nonlocal last, finished
         assert transport is not None
         if events[0].seq <= last or transport.is_closing():
             return False
+        if transport.get_write_buffer_size():
+            return False  # the client is not keeping up: buffer (merge, replay) as usual
         blob = frames if frames is not None else encode_events(events)
-        if transport.get_write_buffer_size() + len(blob) + 16 > high_water:
-            return False
         transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if chunked else blob)
         stats.delivered += len(events)
         last = events[-1].seq
