@@ -211,7 +211,6 @@ class Journal:
             self._deferred_at = count
             asyncio.get_running_loop().call_soon(self._publish_tick)
             return
-        self._deferred_at = 0
         self.publish()
 
     def publish(self) -> None:
@@ -222,7 +221,7 @@ class Journal:
         if not unpublished:
             return
         self._unpublished = {}
-        count, self._unpublished_count = self._unpublished_count, 0
+        count, self._unpublished_count, self._deferred_at = self._unpublished_count, 0, 0
         self._appended += count
         self._burst = count >= BURST_EVENTS
         # Each run's SSE frames, joined once: the spool's lines, and what every client in step

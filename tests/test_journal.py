@@ -165,6 +165,36 @@ async def test_a_runtime_that_never_yields_is_published_and_bounded(storage: Pee
     await journal.close()
 
 
+async def test_a_burst_is_published_in_larger_batches_and_nothing_waits_after_it(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    bus = Bus()
+    journal = Journal(storage, bus, tmp_path / "spool")
+    await journal.start()
+    journal.open_run("run_b")
+    sub = bus.subscribe("run_b", 100_000)
+    batches: list[int] = []
+    publish_many = bus.publish_many
+
+    def counting(topic: str, events: list[Event], frames: bytes | None = None) -> None:
+        batches.append(len(events))
+        publish_many(topic, events, frames)
+
+    bus.publish_many = counting  # type: ignore[method-assign]
+    for tick in range(10):  # a runtime emitting 100 events per loop iteration
+        for i in range(100):
+            journal.append_nowait("run_b", "message.delta", {"text": f"{tick}.{i}"}, "test")
+        await asyncio.sleep(0)  # the end of a loop iteration, as an agent's pipe read would
+    journal.append_nowait("run_b", "message.delta", {"text": "after the burst"}, "test")
+    for _ in range(20):  # loop iterations, not time: the lone event goes out within a few
+        if len(sub.buffer) == 1001:
+            break
+        await asyncio.sleep(0)
+    assert seqs(list(sub.buffer)) == list(range(1, 1002))
+    assert batches[0] == 100 and max(batches) >= 200 and len(batches) <= 6, batches
+    await journal.close()
+
+
 async def test_open_run_continues_after_the_stored_seq(storage: PeeweeStorage, tmp_path: Path) -> None:
     journal = Journal(storage, Bus(), tmp_path / "spool")
     await journal.start()
