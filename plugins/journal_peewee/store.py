@@ -13,8 +13,8 @@ URLs (the query string becomes driver connect arguments, as in ``playhouse.db_ur
 
 Connections are per thread (peewee's thread-local connection state): the core calls the storage
 from worker threads. The hot path, :meth:`PeeweeStorage.append_events`, bypasses the query builder
-and feeds the connection's cursor directly (SQLite: one ``INSERT ... SELECT`` over a JSON array of
-the batch's rows; psycopg2 ``execute_values``).
+and feeds the connection's cursor directly (SQLite: multi-row ``INSERT ... VALUES`` of up to 512
+rows each; psycopg2 ``execute_values``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlsplit
 
-import orjson
 import peewee
-from orjson import Fragment
 from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
 from playhouse import db_url
 
@@ -46,6 +44,8 @@ DEFAULT_TABLE_PREFIX = "ag_"
 DEFAULT_BUSY_TIMEOUT_MS = 15_000
 # Rows per statement for the PostgreSQL multi-row VALUES insert.
 PG_PAGE_SIZE = 1_000
+# Rows per SQLite INSERT: 6 values each, 3,072 parameters (SQLite allows 32,766).
+SQLITE_ROWS_PER_INSERT = 512
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _RUN_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Run))
@@ -288,6 +288,7 @@ class PeeweeStorage:
             self.database = _PostgresqlDatabase(**connect_kwargs)
         self.models = build_models(self.database, self.table_prefix, self.schema)
         self._events_table = self._qualified(self.models.event._meta.table_name)
+        self._sqlite_insert_sql: dict[int, str] = {}
         self._opened = False
         self._open_lock = threading.Lock()
 
@@ -430,29 +431,43 @@ class PeeweeStorage:
         if not events:
             return
         columns = ", ".join(_EVENT_COLUMNS)
-        if self.is_sqlite:
-            # One statement over a JSON array of rows (orjson embeds each event's serialised payload
-            # as is): SQLite unpacks and inserts the whole batch in one step without the GIL, so
-            # the event loop keeps delivering meanwhile (executemany binds every row holding it).
-            batch = orjson.dumps(
-                [(e.host_run_id, e.seq, e.kind, e.source, Fragment(e.payload_bytes()), e.created_at) for e in events]
-            )
-        else:
-            rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
         with self._write(), _wrap_db_errors:
             cursor = self.database.cursor()
             try:
                 if self.is_sqlite:
-                    cursor.execute(
-                        f"INSERT INTO {self._events_table} ({columns}) "
-                        "SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value -> 4, value ->> 5 "
-                        "FROM json_each(?) WHERE 1 ON CONFLICT (host_run_id, seq) DO NOTHING",
-                        (batch.decode(),),
-                    )
+                    self._sqlite_insert_events(cursor, columns, events)
                 else:
+                    rows = [(e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at) for e in events]
                     self._pg_insert_events(cursor, columns, rows)
             finally:
                 cursor.close()
+
+    def _sqlite_insert_events(self, cursor: Any, columns: str, events: Sequence[Event]) -> None:
+        # Multi-row INSERTs (up to SQLITE_ROWS_PER_INSERT rows each): the sqlite3 module binds every
+        # value in C and SQLite inserts the rows in one step with the GIL released, where
+        # executemany takes a step, and the GIL, per row. Row counts are powers of two below the
+        # maximum, so a few statements stay prepared in the connection's cache.
+        start, total = 0, len(events)
+        while start < total:
+            count = SQLITE_ROWS_PER_INSERT
+            while count > total - start:
+                count //= 2
+            sql = self._sqlite_insert_sql.get(count)
+            if sql is None:
+                sql = self._sqlite_insert_sql[count] = (
+                    f"INSERT INTO {self._events_table} ({columns}) VALUES "
+                    + ",".join(["(?,?,?,?,?,?)"] * count)
+                    + " ON CONFLICT (host_run_id, seq) DO NOTHING"
+                )
+            cursor.execute(
+                sql,
+                [
+                    value
+                    for e in events[start : start + count]
+                    for value in (e.host_run_id, e.seq, e.kind, e.source, e.payload_json(), e.created_at)
+                ],
+            )
+            start += count
 
     def _pg_insert_events(self, cursor: Any, columns: str, rows: list[tuple[Any, ...]]) -> None:
         conflict = "ON CONFLICT (host_run_id, seq) DO NOTHING"
