@@ -9,10 +9,13 @@ journal after the last seq it delivered. A terminal event is always buffered (at
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 
 from gateway.models import MERGEABLE_KINDS, Event
+
+log = logging.getLogger("gateway.bus")
 
 
 def _can_merge(last: Event, event: Event) -> bool:
@@ -106,8 +109,13 @@ class Bus:
         for sub in subs:
             buffer = sub.buffer
             write_directly = sub.write_directly
-            if write_directly is not None and not buffer and not sub.needs_replay and write_directly(events, frames):
-                continue
+            if write_directly is not None and not buffer and not sub.needs_replay:
+                try:
+                    if write_directly(events, frames):
+                        continue
+                except Exception:  # a broken stream must not break the run that publishes
+                    log.exception("direct write to a %s subscriber failed; buffering instead", topic)
+                    sub.write_directly = None
             if not sub.needs_replay and len(buffer) + count <= sub.capacity:
                 buffer.extend(events)  # `offer`'s common case, for the whole batch
                 wakeup = sub.wakeup

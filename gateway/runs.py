@@ -276,7 +276,6 @@ class RunManager:
         async def emit(kind: str, payload: dict[str, Any], source: str | None) -> None:
             await self.journal.append(run.host_run_id, kind, payload, source or run.agent_id)
 
-
         async def save_state(new_state: dict[str, Any]) -> None:
             await self._update_session(
                 run, lambda record: record.setdefault("runtimes", {}).__setitem__(run.agent_id, new_state)

@@ -25,7 +25,7 @@ SEND_TIMEOUT = 60.0
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
     if project is None:
-        return b"".join([event._frame or event.sse_frame() for event in events])  # cached: shared by lagging clients
+        return b"".join([event.sse_frame() for event in events])  # each frame cached on its event
     parts: list[bytes] = []
     for event in events:
         projected = project(event)
