@@ -280,6 +280,8 @@ def _print_event(event: dict[str, Any], out: Callable[[str], Any], raw: bool) ->
         out(json.dumps(event, ensure_ascii=False) + "\n")
     elif kind == "message.delta":
         out(event["payload"].get("text", ""))
+    elif kind == "message.completed":
+        out("\n")  # the message's text came as deltas; end its line
     elif kind in ("run.completed", "run.failed", "run.cancelled", "run.interrupted"):
         reason = event["payload"].get("reason")
         out(f"\n[{kind}{': ' + reason if reason else ''}]\n")

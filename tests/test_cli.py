@@ -285,7 +285,7 @@ async def test_runs_tail_follows_a_live_run_to_completion(tmp_path: Path, fake_l
             run_id = (await response.json())["hostRunId"]
         rc, out, err = await run_cli("runs", "tail", run_id, "--url", gw.url, env=env, cwd=tmp_path)
         assert rc == 0, err
-        assert text in out and out.rstrip().endswith("[run.completed]"), out
+        assert text + "\n" in out and out.rstrip().endswith("[run.completed]"), out  # its own line
 
         # --raw prints every event as a JSON line, ending with the terminal one.
         rc, out, _ = await run_cli(
