@@ -277,9 +277,12 @@ class SseParser:
 class RawSseClient:
     """GET a stream over a raw socket whose receive buffer is tiny; reads only when asked."""
 
-    def __init__(self, host: str, port: int, path: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, path: str, headers: dict[str, str] | None = None, http_version: str = "1.1"
+    ) -> None:
         self.host, self.port, self.path = host, port, path
         self.headers = headers or {}
+        self.http_version = http_version
         self.events: list[dict[str, Any]] = []
         self.closed = False
         self._parser = SseParser()
@@ -287,6 +290,7 @@ class RawSseClient:
         self._writer: asyncio.StreamWriter | None = None
         self._chunked = False
         self._body = b""
+        self.body = bytearray()  # the de-chunked body as received
 
     async def connect(self, rcvbuf: int = 2048) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -296,7 +300,8 @@ class RawSseClient:
         self._reader, self._writer = await asyncio.open_connection(sock=sock, limit=4096)
         extra = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
         request = (
-            f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nAccept: text/event-stream\r\n{extra}\r\n"
+            f"GET {self.path} HTTP/{self.http_version}\r\nHost: {self.host}:{self.port}\r\n"
+            f"Accept: text/event-stream\r\n{extra}\r\n"
         )
         self._writer.write(request.encode())
         await self._writer.drain()
@@ -334,6 +339,7 @@ class RawSseClient:
                 if not chunk:
                     self.closed = True
                     break
+                self.body += chunk
                 self.events.extend(self._parser.feed(chunk))
         return self.events
 

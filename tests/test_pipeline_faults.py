@@ -212,6 +212,45 @@ async def test_a_slow_client_gets_everything_in_order_with_bounded_buffers(make_
     assert metric(after, "agent_gateway_stream_buffered_events") == 0
 
 
+async def test_live_tails_get_every_event_over_http_1_1_and_1_0(make_gateway: MakeGateway) -> None:
+    """Clients keeping up get published batches written straight to their socket: in HTTP/1.1
+    chunks, and as the bare body for an HTTP/1.0 client (no chunked encoding there)."""
+    script = ScriptPlugin()
+    client = await make_gateway(extra_plugins=(script,))
+    run_id = await _post(
+        client, script_body("s-versions", "req-versions", deltas=3000, every=100, yieldEvery=100, gate="go")
+    )
+    tails = []
+    for version in ("1.1", "1.0"):
+        tail = RawSseClient(
+            client.server.host, client.server.port, f"/v1/runs/{run_id}/stream", http_version=version
+        )
+        await tail.connect(rcvbuf=1 << 20)
+        await tail.read_until(lambda e: e["event"] == "plan.updated")  # tailing the live bus now
+        tails.append(tail)
+    assert [tail._chunked for tail in tails] == [True, False]
+    before = await _metrics(client)
+    script.runtime.gate("go").set()
+    try:
+        for tail in tails:
+            await tail.read_to_end(timeout=WAIT * 2)
+    finally:
+        for tail in tails:
+            tail.close()
+    journal = await events_page(client, run_id, limit=5000)
+    assert journal[-1]["kind"] == "run.completed"
+    for tail in tails:
+        check_delivery(tail.events, journal)
+        assert len(tail.events) == len(journal)  # nothing merged: both kept up
+        # The body is SSE and nothing else (no chunk framing left in it, for either version).
+        lines = bytes(tail.body).split(b"\n")
+        assert all(line == b"" or line.startswith((b"id: ", b"event: ", b"data: ", b":")) for line in lines), [
+            line for line in lines if line and not line.startswith((b"id: ", b"event: ", b"data: ", b":"))
+        ][:3]
+    after = await _metrics(client)
+    assert metric(after, "agent_gateway_stream_merges_total") == metric(before, "agent_gateway_stream_merges_total")
+
+
 # -- 3. terminal priority (seed 001 §20.2) ---------------------------------------------------------------
 
 
