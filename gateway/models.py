@@ -51,19 +51,6 @@ def loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
-_JSON_STRINGS: dict[str, bytes] = {}
-
-
-def json_string(text: str) -> bytes:
-    """`dumps(text)` for the few strings every event repeats (run id, kind, source), memoised."""
-    encoded = _JSON_STRINGS.get(text)
-    if encoded is None:
-        if len(_JSON_STRINGS) >= 4096:
-            _JSON_STRINGS.clear()
-        encoded = _JSON_STRINGS[text] = dumps(text)
-    return encoded
-
-
 def dumps_str(text: str) -> str:
     return dumps(text).decode()
 
@@ -229,22 +216,7 @@ class Event:
         client that streams it."""
         frame = self._frame
         if frame is None:
-            payload = self._payload_bytes
-            if payload is None:
-                try:
-                    payload = self._payload_bytes = orjson.dumps(self._payload)  # `dumps`, inline: the hot path
-                except TypeError:
-                    payload = self._payload_bytes = dumps(self._payload)
-            kind = self.kind
-            frame = self._frame = _FRAME_FORMAT % (
-                self.seq,
-                _FRAME_KINDS.get(kind) or _frame_kind(kind),
-                _WIRE_HEADS.get(self.host_run_id) or _wire_head(self.host_run_id),
-                self.seq,
-                _WIRE_KINDS.get((kind, self.source)) or _wire_kind(kind, self.source),
-                payload,
-                self.created_at,
-            )
+            frame = self._frame = sse_frames([self])
         return frame
 
     @classmethod
@@ -279,9 +251,9 @@ class Event:
 
 
 def sse_frames(events: list[Event]) -> bytes:
-    """The SSE frames of `events`, joined: `b"".join(e.sse_frame() for e in events)` without
-    keeping a frame per event (the publish path: the joined frames are what clients in step get
-    and what the spool holds). Keeps each event's serialised payload for storage."""
+    """The SSE frames of `events` (`id:`, `event:`, `data:` with the wire JSON), joined, without
+    keeping a frame per event: the publish path, where the joined frames are what clients in step
+    get and what the spool holds. Keeps each event's serialised payload (for storage)."""
     parts: list[bytes] = []
     extend = parts.extend
     for event in events:
@@ -292,7 +264,7 @@ def sse_frames(events: list[Event]) -> bytes:
         payload = event._payload_bytes
         if payload is None:
             try:
-                payload = event._payload_bytes = orjson.dumps(event._payload)
+                payload = event._payload_bytes = orjson.dumps(event._payload)  # `dumps`, inline: the hot path
             except TypeError:
                 payload = event._payload_bytes = dumps(event._payload)
         kind, seq = event.kind, _SEQ_FORMAT % event.seq
@@ -311,7 +283,6 @@ def sse_frames(events: list[Event]) -> bytes:
 
 # The constant parts of wire JSON and SSE frames, per run / kind+source / kind, memoised (bounded).
 _WIRE_FORMAT = b'%%b%%0%dd%%b%%b,"createdAt":%%d}' % CURSOR_WIDTH
-_FRAME_FORMAT = b"id: %%0%dd%%b" % CURSOR_WIDTH + _WIRE_FORMAT + b"\n\n"  # the data: line is the wire JSON
 _SEQ_FORMAT = b"%%0%dd" % CURSOR_WIDTH
 _FRAME_TAIL = b',"createdAt":%d}\n\n'
 _WIRE_HEADS: dict[str, bytes] = {}
