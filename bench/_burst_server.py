@@ -22,12 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.app import GATEWAY_KEY, create_app
-from gateway.cli import tune_gc_for_serving
-from gateway.config import Config
-from gateway.plugins import PluginHost
-from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
-from hookspecs import hookimpl
+import agent_gateway.journal
+from agent_gateway.app import GATEWAY_KEY, create_app
+from agent_gateway.cli import tune_gc_for_serving
+from agent_gateway.config import Config
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 
 
 class BurstRuntime:
@@ -99,9 +100,8 @@ async def main(data_dir: str, storage_url: str) -> None:
     if "null-storage" in experiment:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
     if "burst-publish" in experiment:
-        import gateway.journal
 
-        gateway.journal.BURST_PUBLISH = int(experiment["burst-publish"])
+        agent_gateway.journal.BURST_PUBLISH = int(experiment["burst-publish"])
     if "gc-off" in experiment:
         import gc
 

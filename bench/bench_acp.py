@@ -4,7 +4,7 @@
     python bench/bench_acp.py turns [--agent reasonix --agent hermes] [--repeat 3]
     python bench/bench_acp.py all
 
-`flood`: one turn of N message chunks from the fake ACP agent (`python -m contrib.fake_acp_agents
+`flood`: one turn of N message chunks from the fake ACP agent (`python contrib/fake_acp_agents/agent.py
 --behaviour flood`, prompt "flood N"), read (a) by a bare `gateway.acp.AcpProcess` and (b) through a
 gateway process (journalled, streamed to one SSE client in this process). Both on a warm agent
 process (the first turn, which starts it, is not timed); the figure is the median turn time.
@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from contrib.fake_openai import FakeOpenAI, Reply  # noqa: E402
-from gateway.acp.client import AcpProcess  # noqa: E402
+from agent_gateway.acp.client import AcpProcess  # noqa: E402
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply  # noqa: E402
 
-FAKE_AGENT = [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", "flood"]
+FAKE_AGENT = [sys.executable, str(ROOT / "contrib" / "fake_acp_agents" / "agent.py"), "--behaviour", "flood"]
 BINARIES = {"reasonix": ("REASONIX_BIN", "reasonix"), "hermes": ("HERMES_ACP_BIN", "hermes-acp")}
 
 
@@ -80,11 +80,11 @@ def serve_flood(data_dir: str, state_dir: str) -> None:
     """A gateway process with the fake flood agent as ACP runtime `flood` (the `serve-flood` mode)."""
     from aiohttp import web
 
-    from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
-    from gateway.app import create_app
-    from gateway.config import Config
-    from gateway.plugins import PluginHost
-    from hookspecs import hookimpl
+    from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+    from agent_gateway.app import create_app
+    from agent_gateway.config import Config
+    from agent_gateway.hookspecs import hookimpl
+    from agent_gateway.plugin_host import PluginHost
 
     class FloodPlugin:
         @hookimpl
@@ -210,9 +210,9 @@ class Gateway:
     """A gateway app on a real socket in this process."""
 
     def __init__(self, overrides: dict[str, dict[str, Any]]) -> None:
-        from gateway.app import create_app
-        from gateway.config import Config
-        from gateway.plugins import PluginHost
+        from agent_gateway.app import create_app
+        from agent_gateway.config import Config
+        from agent_gateway.plugin_host import PluginHost
 
         self.app = create_app(Config.load(None, env={}, overrides=overrides), PluginHost.load(env={}))
 

@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.models import Event
-from plugins.journal_peewee import PeeweeStorage
+from agent_gateway.models import Event
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
 
 
 def make_events(count: int) -> list[Event]:

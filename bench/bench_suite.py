@@ -208,7 +208,7 @@ def _free_port() -> int:
 
 def _serve_command() -> list[str]:
     script = Path(sys.executable).parent / "agent-gateway"  # the console script, not a pyenv shim
-    return [str(script)] if script.exists() else [sys.executable, "-m", "gateway.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agent_gateway.cli"]
 
 
 def startup_once() -> float:

@@ -1,3 +1,3 @@
-from gateway.cli import main
+from agent_gateway.cli import main
 
 main()

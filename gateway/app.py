@@ -11,24 +11,24 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.bus import Bus
-from gateway.config import Config, section_specs_from_hook
-from gateway.errors import ApiError, json_errors
-from gateway.files import FS_TOOLS, AgentFiles
-from gateway.journal import Journal
-from gateway.mcp import MCP_PATH
-from gateway.mcp import http as mcp_http
-from gateway.mcp.wiring import mcp_servers_for
-from gateway.plugins import PluginError, PluginHost
-from gateway.routes import agents, metrics, receipts, runs, system, workspaces
-from gateway.routes import preferences as preferences_routes
-from gateway.runs import RunManager
-from gateway.runtime import Runtime
-from gateway.sse import StreamStats
-from gateway.tools import ToolFacade
-from gateway.watcher import Watcher
+from agent_gateway.bus import Bus
+from agent_gateway.config import Config, section_specs_from_hook
+from agent_gateway.errors import ApiError, json_errors
+from agent_gateway.files import FS_TOOLS, AgentFiles
+from agent_gateway.journal import Journal
+from agent_gateway.mcp import MCP_PATH
+from agent_gateway.mcp import http as mcp_http
+from agent_gateway.mcp.wiring import mcp_servers_for
+from agent_gateway.plugin_host import PluginError, PluginHost
+from agent_gateway.routes import agents, metrics, receipts, runs, system, workspaces
+from agent_gateway.routes import preferences as preferences_routes
+from agent_gateway.runs import RunManager
+from agent_gateway.runtime import Runtime
+from agent_gateway.sse import StreamStats
+from agent_gateway.tools import ToolFacade
+from agent_gateway.watcher import Watcher
 
-log = logging.getLogger("gateway.app")
+log = logging.getLogger("agent_gateway.app")
 
 LOCAL_ACTOR = "local"
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", "/metrics", MCP_PATH})

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.models import Event, now_ms
-from gateway.sessions import TranscriptStrategy
-from hookspecs import hookimpl
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.models import Event, now_ms
+from agent_gateway.sessions import TranscriptStrategy
 
 
 def ui_projection(event: Event) -> dict[str, Any]:

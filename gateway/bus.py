@@ -13,9 +13,9 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from gateway.models import MERGEABLE_KINDS, Event
+from agent_gateway.models import MERGEABLE_KINDS, Event
 
-log = logging.getLogger("gateway.bus")
+log = logging.getLogger("agent_gateway.bus")
 
 
 def _can_merge(last: Event, event: Event) -> bool:

@@ -15,11 +15,11 @@ import aiohttp
 import click
 from aiohttp import web
 
-from gateway.app import GATEWAY_KEY, create_app, is_loopback
-from gateway.config import Config, ConfigError, section_specs_from_hook
-from gateway.logs import configure as configure_logging
-from gateway.mcp.bridge import add_commands as add_mcp_commands
-from gateway.plugins import PluginError, PluginHost
+from agent_gateway.app import GATEWAY_KEY, create_app, is_loopback
+from agent_gateway.config import Config, ConfigError, section_specs_from_hook
+from agent_gateway.logs import configure as configure_logging
+from agent_gateway.mcp.bridge import add_commands as add_mcp_commands
+from agent_gateway.plugin_host import PluginError, PluginHost
 
 DEFAULT_URL_ENV = "AGENT_GATEWAY_URL"
 TOKEN_ENV = "AGENT_GATEWAY_TOKEN"
@@ -97,7 +97,7 @@ def tune_gc_for_serving() -> None:
 async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     fake = None
     if demo:
-        from contrib.fake_openai import FakeOpenAI, Reply
+        from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
         fake = FakeOpenAI(default=Reply(DEMO_REPLY, chunk_size=6, delay=0.03))
         base_url = await fake.start()

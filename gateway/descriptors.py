@@ -3,13 +3,13 @@
 A descriptor is merged, per agent and per calling actor, from:
 
 1. the runtime's static registry: ``runtime.describe()`` (capabilities, fields, availability) and
-   its negotiated :class:`~gateway.runtime.RuntimePolicy`;
-2. the tool manifest (``gateway.tools``): every tool an agent can reach through the MCP surface,
+   its negotiated :class:`~agent_gateway.runtime.RuntimePolicy`;
+2. the tool manifest (``agent_gateway.tools``): every tool an agent can reach through the MCP surface,
    with its capability ids; agents without tool access (``describe()["toolAccess"]`` false, or no
    ``files``/``tools``/``mcp`` capability) get none;
 3. fields plugins declare with the ``register_setting_fields`` hook, plus the core's common
    fields (default agent, default context refs, one ``enabled`` switch per capability);
-4. the actor's preferences (:mod:`gateway.preferences`): values, capability switches.
+4. the actor's preferences (:mod:`agent_gateway.preferences`): values, capability switches.
 
 Field keys are full preference keys: ``ai.common.<name>`` or ``ai.agent.<agentId>.<name>``.
 Secret fields never carry a value, only ``isSet``; admin-only fields (``auth: "admin"``) are left
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
-log = logging.getLogger("gateway.descriptors")
+log = logging.getLogger("agent_gateway.descriptors")
 
 DESCRIPTOR_SCHEMA = "gateway.agent_descriptor.v1"
 DESCRIPTORS_SCHEMA = "gateway.agent_descriptors.v1"
@@ -370,7 +370,7 @@ def is_admin(gateway: Gateway, actor_id: str) -> bool:
 
 
 async def describe_agents(gateway: Gateway, actor_id: str, agent_id: str | None = None) -> list[dict[str, Any]]:
-    from gateway.preferences import load_values
+    from agent_gateway.preferences import load_values
 
     registry = await registry_for(gateway)
     values = await load_values(gateway, actor_id)

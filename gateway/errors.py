@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-log = logging.getLogger("gateway.http")
+log = logging.getLogger("agent_gateway.http")
 
 
 class ApiError(Exception):

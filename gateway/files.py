@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.paths import read_file_versioned, write_file_atomically
-from gateway.tools import Tool, ToolCall, ToolError, ToolFacade
+from agent_gateway.paths import read_file_versioned, write_file_atomically
+from agent_gateway.tools import Tool, ToolCall, ToolError, ToolFacade
 
 READ_TOOL = "fs.read_text_file"
 WRITE_TOOL = "fs.write_text_file"

@@ -25,11 +25,11 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from gateway.bus import Bus
-from gateway.models import TERMINAL_KINDS, Event, sse_frames
-from gateway.storage import Storage
+from agent_gateway.bus import Bus
+from agent_gateway.models import TERMINAL_KINDS, Event, sse_frames
+from agent_gateway.storage import Storage
 
-log = logging.getLogger("gateway.journal")
+log = logging.getLogger("agent_gateway.journal")
 
 SPOOL_SEGMENT_BYTES = 32 * 1024 * 1024
 RECOVERY_BATCH = 5000

@@ -1,5 +1,5 @@
 """Per-actor preferences: ``ai.common.*`` and ``ai.agent.<agentId>.*``, validated against the
-descriptor fields (:mod:`gateway.descriptors`) and kept through the storage hook
+descriptor fields (:mod:`agent_gateway.descriptors`) and kept through the storage hook
 (``get_preferences`` / ``put_preferences``, called on the storage executor).
 
 Stored as one flat object per actor, full keys to values. An actor only ever reads and writes its
@@ -20,11 +20,11 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.descriptors import DescriptorRegistry, FieldError, is_admin, registry_for
-from gateway.errors import ApiError
+from agent_gateway.descriptors import DescriptorRegistry, FieldError, is_admin, registry_for
+from agent_gateway.errors import ApiError
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 PREFERENCES_SCHEMA = "gateway.preferences.v1"
 MAX_KEYS_PER_UPDATE = 200

@@ -19,21 +19,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import ApiError
-from gateway.journal import Journal
-from gateway.logs import agent_id_var, run_id_var, session_id_var
-from gateway.models import (
+from agent_gateway.errors import ApiError
+from agent_gateway.journal import Journal
+from agent_gateway.logs import agent_id_var, run_id_var, session_id_var
+from agent_gateway.models import (
     ACTIVE_STATUSES,
     STATUS_BY_TERMINAL_KIND,
     TERMINAL_KIND_BY_STATUS,
     Run,
     now_ms,
 )
-from gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
-from gateway.sessions import SessionStrategy, TranscriptStrategy
-from gateway.storage import RequestConflict, Storage
+from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
+from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
+from agent_gateway.storage import RequestConflict, Storage
 
-log = logging.getLogger("gateway.runs")
+log = logging.getLogger("agent_gateway.runs")
 
 MAX_ID_LENGTH = 200
 TRANSCRIPT_KEEP_TURNS = 50
@@ -400,7 +400,7 @@ class RunManager:
         gateway, tools = self.services.get("gateway"), self.services.get("tools")
         if gateway is None or tools is None:
             return
-        from gateway.preferences import disabled_capabilities_for
+        from agent_gateway.preferences import disabled_capabilities_for
 
         tools.disabled_by_run[run.host_run_id] = await disabled_capabilities_for(gateway, run.actor_id, run.agent_id)
 

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gateway.journal import JournalFull
-from gateway.models import TERMINAL_KINDS, Run
+from agent_gateway.journal import JournalFull
+from agent_gateway.models import TERMINAL_KINDS, Run
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from gateway.runtime import SessionPlan
+from agent_gateway.runtime import SessionPlan
 
 # Replies that only make sense with the previous turn in view.
 SHORT_REPLIES = frozenset(

@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import hdrs, web
 from aiohttp_sse import EventSourceResponse
 
-from gateway.bus import Bus
-from gateway.journal import Journal
-from gateway.models import Event, dumps
+from agent_gateway.bus import Bus
+from agent_gateway.journal import Journal
+from agent_gateway.models import Event, dumps
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from gateway.models import Event, Run
+from agent_gateway.models import Event, Run
 
 
 class RequestConflict(Exception):

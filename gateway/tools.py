@@ -10,8 +10,8 @@ caller. Receipts and events never carry file contents beyond a short diff head.
 
 Tools come from the ``register_tools`` hook as :class:`Tool` objects. Paths named by a tool's
 ``path_arguments`` (and by its ``scope_paths``, e.g. the run's current page) are resolved by
-:mod:`gateway.paths` before the handler runs; the handler finds them in ``call.paths`` and must
-do its I/O with :func:`gateway.paths.read_file_versioned` / :func:`write_file_atomically`.
+:mod:`agent_gateway.paths` before the handler runs; the handler finds them in ``call.paths`` and must
+do its I/O with :func:`agent_gateway.paths.read_file_versioned` / :func:`write_file_atomically`.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway.models import Run, now_ms
-from gateway.paths import FileVersion, PathError, ResolvedPath, current_version, resolve_path
+from agent_gateway.models import Run, now_ms
+from agent_gateway.paths import FileVersion, PathError, ResolvedPath, current_version, resolve_path
 
 if TYPE_CHECKING:
-    from gateway.journal import Journal
-    from gateway.plugins import PluginHost
-    from gateway.storage import Storage
+    from agent_gateway.journal import Journal
+    from agent_gateway.plugin_host import PluginHost
+    from agent_gateway.storage import Storage
 
-log = logging.getLogger("gateway.tools")
+log = logging.getLogger("agent_gateway.tools")
 
 RECEIPT_SCHEMA = "gateway.tool_receipt.v1"
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from watchfiles import Change, awatch
 
-from gateway.models import Run
-from gateway.paths import allowed_roots_of
-from hookspecs import hookimpl
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.models import Run
+from agent_gateway.paths import allowed_roots_of
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
-log = logging.getLogger("gateway.watcher")
+log = logging.getLogger("agent_gateway.watcher")
 
 TOPIC_PREFIX = "ws:"
 TMP_PREFIX = ".ag-tmp-"

@@ -14,7 +14,7 @@ PROJECT_NAME = "agent_gateway"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
-from hookspecs import (  # noqa: E402  (the markers above must exist first)
+from agent_gateway.hookspecs import (  # noqa: E402  (the markers above must exist first)
     config,
     descriptors,
     projection,

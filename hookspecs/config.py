@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hookspecs import hookspec
+from agent_gateway.hookspecs import hookspec
 
 
 @hookspec

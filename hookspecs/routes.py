@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hookspecs import hookspec
+from agent_gateway.hookspecs import hookspec
 
 
 @hookspec

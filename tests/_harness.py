@@ -9,7 +9,7 @@
   times), to prove delivery never waits on a database write.
 - :class:`RawSseClient`: an SSE client on a raw socket with a tiny receive buffer that reads only
   when told to (a slow browser), and :class:`SseParser`, an incremental SSE parser.
-- Gateway-process helpers for tests that run ``python -m gateway.cli serve`` and SIGKILL it.
+- Gateway-process helpers for tests that run ``python -m agent_gateway.cli serve`` and SIGKILL it.
 
 Every wait here is bounded; nothing sleeps to synchronise.
 """
@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event
-from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
-from hookspecs import hookimpl
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event
+from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 
 ROOT = Path(__file__).resolve().parent.parent
+# contrib/ is never installed: the fake ACP agent runs as a script from the checkout.
+FAKE_ACP_AGENT = str(ROOT / "contrib" / "fake_acp_agents" / "agent.py")
 WAIT = 20.0
 SCRIPT_AGENT = "script"
 
@@ -222,7 +224,7 @@ class BlockingStoragePlugin:
 
     @hookimpl(tryfirst=True)
     def storage_backend(self, url: str, config: Any) -> Any:
-        from plugins.journal_peewee import storage_backend
+        from agent_gateway.plugins.journal_peewee import storage_backend
 
         inner = storage_backend(url=url, config=config)
         if inner is None:
@@ -504,7 +506,7 @@ async def start_gateway_process(
     args: Sequence[str] = (),
     start_timeout: float = 30.0,
 ) -> GatewayProcess:
-    """`python -m gateway.cli serve --port 0 --data-dir <data_dir> [args]`; stderr goes to `log_path`."""
+    """`python -m agent_gateway.cli serve --port 0 --data-dir <data_dir> [args]`; stderr goes to `log_path`."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_GATEWAY")}
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -513,7 +515,7 @@ async def start_gateway_process(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "gateway.cli",
+            "agent_gateway.cli",
             "serve",
             "--port",
             "0",

@@ -1,7 +1,7 @@
 """Shared fixtures and helpers for the gateway's tests.
 
 Fixtures
-- ``fake_llm``: a started :class:`contrib.fake_openai.FakeOpenAI` (echo by default); script it
+- ``fake_llm``: a started :class:`agent_gateway.testing.fake_openai.FakeOpenAI` (echo by default); script it
   with ``fake_llm.add(Reply(...))`` or ``fake_llm.default = ...``; stopped at teardown.
 - ``make_gateway``: ``await make_gateway(overrides={}, storage="sqlite", tokens=None,
   extra_plugins=(), data_dir=None, schema=None)`` returns an ``aiohttp.test_utils.TestClient`` on a
@@ -39,11 +39,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from contrib.fake_openai import FakeOpenAI
-from gateway.app import GATEWAY_KEY, Gateway, create_app
-from gateway.config import Config
-from gateway.models import TERMINAL_KINDS
-from gateway.plugins import PluginHost
+from agent_gateway.app import GATEWAY_KEY, Gateway, create_app
+from agent_gateway.config import Config
+from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.testing.fake_openai import FakeOpenAI
 
 POSTGRES_URL = os.environ.get("AG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 STORAGES = ("sqlite", "postgres")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gateway.acp import (
+from agent_gateway.acp import (
     AcpProcess,
     AcpProcessExited,
     AcpRemoteError,
@@ -21,6 +21,7 @@ from gateway.acp import (
     extract_text,
     map_update,
 )
+from tests._harness import FAKE_ACP_AGENT
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WAIT = 20.0  # upper bound for any single wait in these tests
@@ -29,7 +30,7 @@ Spawn = Callable[..., Awaitable[AcpProcess]]
 
 
 def agent_command(behaviour: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", behaviour, *extra]
+    return [sys.executable, FAKE_ACP_AGENT, "--behaviour", behaviour, *extra]
 
 
 def agent_env(**extra: str) -> dict[str, str]:

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, Binding
-from gateway.models import TERMINAL_KINDS
-from hookspecs import hookimpl
+from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, Binding
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.models import TERMINAL_KINDS
+from tests._harness import FAKE_ACP_AGENT
 from tests.conftest import WAIT, MakeGateway, events_page, gateway_of, run_to_end, sse_events
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,7 @@ class FakeAcpPlugin:
 
     @hookimpl
     def register_runtimes(self, register: Any, config: Any) -> None:
-        command = [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", self.behaviour]
+        command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", self.behaviour]
         spec = AcpAgentSpec(
             self.agent_id, f"Fake ACP ({self.behaviour})", "fake-acp", command, env=self.env, **self.spec
         )

@@ -29,8 +29,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.cli import DEMO_REPLY, _tail
+from agent_gateway.cli import DEMO_REPLY, _tail
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
 WAIT = 30.0
 LISTENING = re.compile(r"^agent-gateway listening on (http://(\S+):(\d+))$")

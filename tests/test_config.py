@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gateway.cli import cli
-from gateway.config import CORE_SECTIONS, Config, ConfigError, SectionSpec, section_specs_from_hook
-from gateway.plugins import LOAD_ENV, PluginHost
+from agent_gateway.cli import cli
+from agent_gateway.config import CORE_SECTIONS, Config, ConfigError, SectionSpec, section_specs_from_hook
+from agent_gateway.plugin_host import LOAD_ENV, PluginHost
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TOML = ROOT / "config" / "default.toml"

@@ -1,6 +1,6 @@
 """Crash-safety harness: a real gateway process, many concurrent runs, SIGKILLs at random moments.
 
-Each cycle starts `python -m gateway.cli serve --port 0 --data-dir <same dir>`, checks every run of
+Each cycle starts `python -m agent_gateway.cli serve --port 0 --data-dir <same dir>`, checks every run of
 the earlier cycles, then drives a batch of concurrent runs — chat-only against the fake OpenAI
 upstream (slow streamed replies, in this process) and `reasonix` backed by the fake ACP agent
 (`contrib.fake_acp_agents --behaviour basic`, slow through FAKE_ACP_DELAY) — with an SSE client
@@ -37,9 +37,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.models import STATUS_BY_TERMINAL_KIND, TERMINAL_KINDS, TERMINAL_STATUSES
+from agent_gateway.models import STATUS_BY_TERMINAL_KIND, TERMINAL_KINDS, TERMINAL_STATUSES
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import (
+    FAKE_ACP_AGENT,
     WAIT,
     GatewayProcess,
     children_of,
@@ -88,7 +89,7 @@ class Harness:
         self.started = 0
         self.stats = {"killed_agents": 0, "cancelled": 0, "retried_posts": 0}
         self.config = tmp_path / "gateway.toml"
-        command = ", ".join(f'"{p}"' for p in [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", "basic"])
+        command = ", ".join(f'"{p}"' for p in [sys.executable, FAKE_ACP_AGENT, "--behaviour", "basic"])
         self.config.write_text(
             "[gateway]\nheartbeat_seconds = 1.0\n\n"
             f"[reasonix]\ncommand = [{command}]\nmax_processes = 16\nidle_seconds = 60.0\n"

@@ -3,7 +3,7 @@
 The run must come back `interrupted` with exactly one `run.interrupted` event, last; every event a
 client saw before the kill must be in the journal under the same seq with the same content (no
 seq reused for another event), and a stream resumed with Last-Event-ID must deliver the rest.
-The gateway is started as `python -m gateway.cli serve --port 0 --data-dir <tmp>`; the fake
+The gateway is started as `python -m agent_gateway.cli serve --port 0 --data-dir <tmp>`; the fake
 OpenAI upstream runs in the test's event loop.
 """
 
@@ -21,8 +21,8 @@ import pytest
 from _harness import GatewayProcess, start_gateway_process
 from conftest import sse_events
 
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.models import TERMINAL_KINDS
+from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
 WAIT = 20.0
 

@@ -14,19 +14,19 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-import hookspecs
-import plugins.lightrag as lightrag_plugin
-from gateway.app import GATEWAY_KEY, create_app
-from gateway.config import Config
-from gateway.models import Run
-from gateway.plugins import PluginHost
-from gateway.preferences import apply_run_defaults, disabled_capabilities_for
-from gateway.routes import preferences as preferences_routes
-from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
-from gateway.tools import ToolError
-from hookspecs import descriptors as descriptor_specs
-from hookspecs import hookimpl
-from hookspecs import routes as route_specs
+import agent_gateway.plugins.lightrag as lightrag_plugin
+from agent_gateway import hookspecs
+from agent_gateway.app import GATEWAY_KEY, create_app
+from agent_gateway.config import Config
+from agent_gateway.hookspecs import descriptors as descriptor_specs
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.hookspecs import routes as route_specs
+from agent_gateway.models import Run
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.preferences import apply_run_defaults, disabled_capabilities_for
+from agent_gateway.routes import preferences as preferences_routes
+from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from agent_gateway.tools import ToolError
 
 BASE_PLUGINS = "core,journal_peewee,chat_only,workspace"
 TOKENS = {"alice-token-0123456789": "alice", "bob-token-0123456789ab": "bob"}

@@ -1,4 +1,4 @@
-"""Tests for the scriptable fake OpenAI-compatible server (contrib.fake_openai)."""
+"""Tests for the scriptable fake OpenAI-compatible server (agent_gateway.testing.fake_openai)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from contrib.fake_openai import FakeOpenAI, Reply
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -454,7 +454,7 @@ def _spawn_cli(*args: str) -> tuple[subprocess.Popen[str], str]:
         PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "contrib.fake_openai", "--port", "0", *args],
+        [sys.executable, "-m", "agent_gateway.testing.fake_openai", "--port", "0", *args],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,

@@ -23,16 +23,16 @@ from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from conftest import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
 
-import gateway.builtin
-import gateway.cli
-import plugins.journal_peewee
-from gateway.app import create_app
-from gateway.cli import cli
-from gateway.config import Config, section_specs_from_hook
-from gateway.plugins import LOAD_ENV, TRACE_ENV, PluginError, PluginHost
-from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
-from hookspecs import PROJECT_NAME, SPEC_MODULES, hookimpl
-from plugins.journal_peewee import PeeweeStorage
+import agent_gateway.builtin
+import agent_gateway.cli
+import agent_gateway.plugins.journal_peewee
+from agent_gateway.app import create_app
+from agent_gateway.cli import cli
+from agent_gateway.config import Config, section_specs_from_hook
+from agent_gateway.hookspecs import PROJECT_NAME, SPEC_MODULES, hookimpl
+from agent_gateway.plugin_host import LOAD_ENV, TRACE_ENV, PluginError, PluginHost
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
+from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_NAMES = {"core", "journal_peewee", "chat_only"}
@@ -180,7 +180,7 @@ def test_builtin_session_strategy_is_trylast_so_any_plugin_overrides_it() -> Non
     """The plugin is registered *before* the core here: without trylast, pluggy would call the
     core (registered later) first and its default would win."""
     strategy = FixedStrategy()
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(StrategyPlugin(strategy), gateway.builtin))
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(StrategyPlugin(strategy), agent_gateway.builtin))
     assert host.session_strategy(EchoRuntime(), None) is strategy
     default = host.session_strategy(EchoRuntime("other"), None)
     assert type(default).__name__ == "TranscriptStrategy"
@@ -308,7 +308,7 @@ async def test_storage_backend_plugin_overrides_the_trylast_default(make_gateway
 def test_builtin_storage_is_trylast_and_unknown_schemes_are_a_clear_error(tmp_path: Path) -> None:
     plugin = StoragePlugin()
     # The plugin registered before the built-in journal still wins: the journal is trylast.
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(plugin, plugins.journal_peewee))
+    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(plugin, agent_gateway.plugins.journal_peewee))
     assert isinstance(host.storage_backend(f"sqlite:///{tmp_path}/x.db", None), CountingStorage)
     # A scheme nobody handles.
     host = PluginHost.load(env={}, extra=())
@@ -406,7 +406,7 @@ async def test_config_sections_defaults_values_and_problems(make_gateway: Any, t
 def test_config_sections_problems_reported_by_config_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for name in [n for n in os.environ if n.startswith("AGENT_GATEWAY")]:
         monkeypatch.delenv(name)
-    monkeypatch.setattr(gateway.cli.PluginHost, "load", classmethod(lambda cls: _load_with(SectionPlugin())))
+    monkeypatch.setattr(agent_gateway.cli.PluginHost, "load", classmethod(lambda cls: _load_with(SectionPlugin())))
     path = tmp_path / "gw.toml"
     path.write_text("[hooktest]\nlevel = 0\nlabel = 5\n")
     result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)])
@@ -449,10 +449,10 @@ def test_register_commands_adds_a_runnable_command(monkeypatch: pytest.MonkeyPat
     # The real launcher entry (`main`) registers plugin commands before parsing the command line.
     monkeypatch.setattr(cli, "commands", dict(cli.commands))
     cli.commands.pop("hello-hook")
-    monkeypatch.setattr(gateway.cli.PluginHost, "load", classmethod(lambda cls: _load_with(CommandPlugin())))
+    monkeypatch.setattr(agent_gateway.cli.PluginHost, "load", classmethod(lambda cls: _load_with(CommandPlugin())))
     monkeypatch.setattr("sys.argv", ["agent-gateway", "hello-hook"])
     with pytest.raises(SystemExit) as exit_info:
-        gateway.cli.main()
+        agent_gateway.cli.main()
     assert exit_info.value.code == 0
     assert capsys.readouterr().out == "hello world from a plugin command\n"
 
@@ -581,7 +581,7 @@ def test_trace_hooks_env_prints_every_call_to_stderr(capsys: Any, tmp_path: Path
     assert re.search(r"^\[hook\] register_runtimes\(register, config\) -> RuntimePlugin@\w+$", err, re.M), err
     assert "[hook] register_runtimes returned []" in err
     assert re.search(r"^\[hook\] session_strategy\(runtime, config\) -> core$", err, re.M), err
-    assert "[hook] session_strategy returned <gateway.sessions.TranscriptStrategy" in err
+    assert "[hook] session_strategy returned <agent_gateway.sessions.TranscriptStrategy" in err
 
     quiet = PluginHost.load(env={TRACE_ENV: "0", LOAD_ENV: "core"}, extra=(RuntimePlugin(),))
     quiet.runtimes(config_with(tmp_path))

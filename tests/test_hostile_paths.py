@@ -34,9 +34,9 @@ from test_tools import (  # the fixtures `make_harness` and `h` come with their 
     sha,
 )
 
-import plugins.workspace.tools as workspace_tools
-from gateway.paths import MAX_NAME_BYTES
-from gateway.tools import ToolCall, ToolError
+import agent_gateway.plugins.workspace.tools as workspace_tools
+from agent_gateway.paths import MAX_NAME_BYTES
+from agent_gateway.tools import ToolCall, ToolError
 
 OUT = "{outside}"  # placeholders filled per test
 WS = "{ws}"
@@ -339,7 +339,7 @@ async def test_swap_between_the_handlers_read_and_its_write(
 async def test_rename_replaces_a_symlink_instead_of_following_it(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """If the final name becomes a symlink after write_file_atomically's own lstat, the rename
     replaces the link: the new bytes land inside, the link's target is untouched."""
-    import gateway.paths as paths
+    import agent_gateway.paths as paths
 
     real_rename = os.rename
     target = h.ws / "notes" / "sub" / "b.md"

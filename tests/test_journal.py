@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from gateway.bus import Bus, Subscriber
-from gateway.journal import PUBLISH_EVERY, Journal, JournalFull
-from gateway.models import Event
-from plugins.journal_peewee import PeeweeStorage
+from agent_gateway.bus import Bus, Subscriber
+from agent_gateway.journal import PUBLISH_EVERY, Journal, JournalFull
+from agent_gateway.models import Event
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
 
 WAIT = 10.0
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,9 +300,9 @@ CRASHING_WRITER = textwrap.dedent(
     """
     import asyncio, os, signal, sys
     from pathlib import Path
-    from gateway.bus import Bus
-    from gateway.journal import PUBLISH_EVERY, Journal, JournalFull
-    from plugins.journal_peewee import PeeweeStorage
+    from agent_gateway.bus import Bus
+    from agent_gateway.journal import PUBLISH_EVERY, Journal, JournalFull
+    from agent_gateway.plugins.journal_peewee import PeeweeStorage
 
     class DownStorage(PeeweeStorage):
         def append_events(self, events):

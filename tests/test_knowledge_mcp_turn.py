@@ -1,10 +1,10 @@
 """A turn in which an ACP agent calls gateway tools through the gateway's MCP surface (issue #5).
 
-The agent is the fake ACP agent ``python -m contrib.fake_acp_agents --behaviour mcp`` (a real
+The agent is the fake ACP agent ``python contrib/fake_acp_agents/agent.py --behaviour mcp`` (a real
 subprocess, official ``acp`` SDK) run by an :class:`AcpRuntime` behind the real gateway HTTP API.
 The gateway gives it its MCP server in ``session/new`` — streamable HTTP (``POST /v1/mcp`` with the
 binding's lease token) when the agent is started with ``--mcp-http`` (it then declares
-``mcpCapabilities.http``), else the stdio bridge (``python -m gateway.mcp.bridge``) — and the
+``mcpCapabilities.http``), else the stdio bridge (``python -m agent_gateway.mcp.bridge``) — and the
 prompt ``call <tool> <json>`` makes the agent call that tool over MCP and reply with the result.
 
 - with the real LightRAG server and fake LLM of ``tests/test_lightrag.py`` and two indexed workspace
@@ -31,15 +31,16 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import contrib.fake_openai.server as fake_server
-from contrib.fake_openai import FakeOpenAI
-from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
-from gateway.app import GATEWAY_KEY, Gateway
-from gateway.config import Config
-from gateway.mcp import MCP_PATH, TOKEN_ENV
-from gateway.mcp import http as mcp_http
-from gateway.runtime import RuntimePolicy, Turn
-from hookspecs import hookimpl
+import agent_gateway.testing.fake_openai.server as fake_server
+from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+from agent_gateway.app import GATEWAY_KEY, Gateway
+from agent_gateway.config import Config
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.mcp import MCP_PATH, TOKEN_ENV
+from agent_gateway.mcp import http as mcp_http
+from agent_gateway.runtime import RuntimePolicy, Turn
+from agent_gateway.testing.fake_openai import FakeOpenAI
+from tests._harness import FAKE_ACP_AGENT
 from tests.conftest import MakeGateway, run_to_end
 from tests.test_descriptors import build_app, plugin_host
 from tests.test_lightrag import (
@@ -81,7 +82,7 @@ class McpAgentPlugin:
 
     @hookimpl
     def register_runtimes(self, register: Any, config: Any) -> None:
-        command = [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", "mcp"]
+        command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", "mcp"]
         if self.transport == "http":
             command.append("--mcp-http")
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -156,7 +157,7 @@ def check_transport(plugin: McpAgentPlugin, transport: str, client: TestClient) 
         assert entry["type"] == "http" and entry["url"].endswith(MCP_PATH)
         assert entry["headers"] == [{"name": "Authorization", "value": f"Bearer {token}"}]
     else:
-        assert "type" not in entry and entry["args"][:2] == ["-m", "gateway.mcp.bridge"]
+        assert "type" not in entry and entry["args"][:2] == ["-m", "agent_gateway.mcp.bridge"]
         assert entry["env"] == [{"name": TOKEN_ENV, "value": token}]
 
 

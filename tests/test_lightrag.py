@@ -34,14 +34,14 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import contrib.fake_openai.server as fake_server
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.app import GATEWAY_KEY
-from gateway.config import Config
-from gateway.models import Run
-from gateway.tools import RunScope, ToolError
-from plugins.lightrag import service_of
-from plugins.lightrag.service import Where, wait_processed
+import agent_gateway.testing.fake_openai.server as fake_server
+from agent_gateway.app import GATEWAY_KEY
+from agent_gateway.config import Config
+from agent_gateway.models import Run
+from agent_gateway.plugins.lightrag import service_of
+from agent_gateway.plugins.lightrag.service import Where, wait_processed
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from agent_gateway.tools import RunScope, ToolError
 from tests.conftest import run_to_end
 from tests.test_descriptors import ToolAgent, ToolAgentPlugin, build_app, plugin_host
 

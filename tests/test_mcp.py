@@ -24,27 +24,27 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import gateway.app as app_module
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.app import GATEWAY_KEY, Gateway, create_app
-from gateway.config import Config
-from gateway.mcp import MCP_PATH, TOKEN_ENV
-from gateway.mcp import http as mcp_http
-from gateway.mcp.bridge import endpoint_of
-from gateway.mcp.leases import NO_ACTIVE_RUN, UNKNOWN_TOKEN, LeaseError, McpLeases, run_pin
-from gateway.mcp.server import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, McpServer
-from gateway.mcp.wiring import (
+import agent_gateway.app as app_module
+from agent_gateway.app import GATEWAY_KEY, Gateway, create_app
+from agent_gateway.config import Config
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.mcp import MCP_PATH, TOKEN_ENV
+from agent_gateway.mcp import http as mcp_http
+from agent_gateway.mcp.bridge import endpoint_of
+from agent_gateway.mcp.leases import NO_ACTIVE_RUN, UNKNOWN_TOKEN, LeaseError, McpLeases, run_pin
+from agent_gateway.mcp.server import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, McpServer
+from agent_gateway.mcp.wiring import (
     binding_lease,
     http_entry,
     mcp_servers_for,
     run_lease,
     stdio_entry,
 )
-from gateway.models import Run
-from gateway.plugins import PluginHost
-from gateway.runtime import RuntimePolicy
-from gateway.tools import RunScope, Tool, ToolCall, ToolError, ToolFacade
-from hookspecs import hookimpl
+from agent_gateway.models import Run
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.runtime import RuntimePolicy
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError, ToolFacade
 
 WAIT = 20.0
 ACTOR_TOKEN = "actor-secret-token"
@@ -300,7 +300,7 @@ def test_entries_for_acp(tmp_path: Path) -> None:
     }
     stdio = stdio_entry("http://127.0.0.1:9", "s3cr3t-lease")
     assert stdio["command"] == sys.executable
-    assert stdio["args"] == ["-m", "gateway.mcp.bridge", "--url", "http://127.0.0.1:9", "--token-env", TOKEN_ENV]
+    assert stdio["args"] == ["-m", "agent_gateway.mcp.bridge", "--url", "http://127.0.0.1:9", "--token-env", TOKEN_ENV]
     assert "s3cr3t-lease" not in " ".join(stdio["args"])
     assert stdio["env"] == [{"name": TOKEN_ENV, "value": "s3cr3t-lease"}]
     assert endpoint_of("http://h:1/") == "http://h:1/v1/mcp" == endpoint_of("http://h:1/v1/mcp")
@@ -556,7 +556,7 @@ async def start_bridge(url: str, token: str | None) -> BridgeProcess:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway.mcp.bridge",
+        "agent_gateway.mcp.bridge",
         "--url",
         url,
         "--token-env",
@@ -620,7 +620,7 @@ async def test_stdio_bridge_without_a_gateway_or_a_token(unused_tcp_port: int) -
 
 def test_bridge_token_never_in_argv() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.mcp.bridge", "--help"],
+        [sys.executable, "-m", "agent_gateway.mcp.bridge", "--help"],
         capture_output=True,
         text=True,
         timeout=WAIT,

@@ -23,16 +23,16 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import gateway.app as app_module
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.acp.runtime import AcpRuntime
-from gateway.app import GATEWAY_KEY, Gateway, create_app
-from gateway.config import Config
-from gateway.mcp import MCP_PATH
-from gateway.mcp import http as mcp_http
-from gateway.mcp.wiring import mcp_servers_for
-from gateway.models import TERMINAL_KINDS
-from gateway.plugins import PluginHost
+import agent_gateway.app as app_module
+from agent_gateway.acp.runtime import AcpRuntime
+from agent_gateway.app import GATEWAY_KEY, Gateway, create_app
+from agent_gateway.config import Config
+from agent_gateway.mcp import MCP_PATH
+from agent_gateway.mcp import http as mcp_http
+from agent_gateway.mcp.wiring import mcp_servers_for
+from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests.conftest import sse_events
 from tests.test_real_agents import agent_binary, last_user_text, message_text
 

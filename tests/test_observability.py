@@ -18,10 +18,11 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestClient
 
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
-from hookspecs import hookimpl
+from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import (
+    FAKE_ACP_AGENT,
     ROOT,
     ScriptPlugin,
     metric,
@@ -39,7 +40,7 @@ class FakeAcpPlugin:
 
     @hookimpl
     def register_runtimes(self, register: Any, config: Any) -> None:
-        command = [sys.executable, "-m", "contrib.fake_acp_agents", "--behaviour", "basic"]
+        command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", "basic"]
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         self.runtime = AcpRuntime(AcpAgentSpec(ACP_AGENT, "Fake ACP", "fake-acp", command, env=env))
         register(self.runtime)

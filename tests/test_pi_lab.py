@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-import plugins.pi_lab
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.models import TERMINAL_KINDS
-from plugins.pi_lab.runtime import PiRuntime, acp_to_pi_mcp
+import agent_gateway.plugins.pi_lab
+from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.plugins.pi_lab.runtime import PiRuntime, acp_to_pi_mcp
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests.conftest import MakeGateway, gateway_of, run_to_end, sse_events
 
 TURN_TIMEOUT = 60.0
@@ -50,7 +50,7 @@ def pi_binary() -> str:
 def _extra_plugins() -> tuple[object, ...]:
     """pi_lab itself, unless the installed entry points already load it."""
     loaded = any(ep.name == "pi_lab" for ep in metadata.entry_points(group="agent_gateway"))
-    return () if loaded else (plugins.pi_lab,)
+    return () if loaded else (agent_gateway.plugins.pi_lab,)
 
 
 def last_user_text(body: dict[str, Any]) -> str:
@@ -335,12 +335,12 @@ async def mcp_gateway(fake_llm: FakeOpenAI) -> Any:
     """A gateway with the MCP surface (wired here where app.py does not wire it yet)."""
     from aiohttp.test_utils import TestServer
 
-    from gateway.app import GATEWAY_KEY, create_app
-    from gateway.config import Config
-    from gateway.mcp import MCP_PATH
-    from gateway.mcp import http as mcp_http
-    from gateway.mcp.wiring import mcp_servers_for
-    from gateway.plugins import PluginHost
+    from agent_gateway.app import GATEWAY_KEY, create_app
+    from agent_gateway.config import Config
+    from agent_gateway.mcp import MCP_PATH
+    from agent_gateway.mcp import http as mcp_http
+    from agent_gateway.mcp.wiring import mcp_servers_for
+    from agent_gateway.plugin_host import PluginHost
 
     clients: list[TestClient] = []
 
@@ -353,8 +353,8 @@ async def mcp_gateway(fake_llm: FakeOpenAI) -> Any:
             mcp_http.setup(app, gw)
         gw.services.setdefault("mcp_servers_for", mcp_servers_for(gw))
         if not hasattr(gw, "watcher"):
-            from gateway.routes import workspaces
-            from gateway.watcher import Watcher
+            from agent_gateway.routes import workspaces
+            from agent_gateway.watcher import Watcher
 
             gw.watcher = Watcher(gw)
 
@@ -380,7 +380,7 @@ async def mcp_gateway(fake_llm: FakeOpenAI) -> Any:
 
 def _mcp_ready() -> bool:
     try:
-        import gateway.mcp.wiring  # noqa: F401
+        import agent_gateway.mcp.wiring  # noqa: F401
     except ImportError:
         return False
     return True
@@ -390,7 +390,7 @@ async def test_workspace_tools_through_mcp_change_the_file(
     mcp_gateway: Any, fake_llm: FakeOpenAI, pi_home: Path, tmp_path: Path
 ) -> None:
     if not _mcp_ready():
-        pytest.fail("gateway.mcp.wiring is missing: the gateway's MCP surface is needed for Pi's tools", pytrace=False)
+        pytest.fail("agent_gateway.mcp.wiring is missing: Pi needs the MCP surface", pytrace=False)
     workspace = tmp_path / "ws"
     (workspace / "notes").mkdir(parents=True)
     page = workspace / "notes" / "today.md"

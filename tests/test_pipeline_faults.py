@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from gateway.app import Gateway
-from gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event, format_cursor
+from agent_gateway.app import Gateway
+from agent_gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event, format_cursor
 from tests._harness import (
     BlockingStorage,
     BlockingStoragePlugin,

@@ -62,7 +62,7 @@ async def test_merge_and_remove_with_null(make_client: MakeClient) -> None:
         client, ALICE, {"ai.common.knowledge_rag.topK": None, "ai.common.knowledge_rag.mode": "naive"}
     )
     assert body["values"] == {"ai.agent.tool-agent.model": "x", "ai.common.knowledge_rag.mode": "naive"}
-    from gateway.app import GATEWAY_KEY
+    from agent_gateway.app import GATEWAY_KEY
 
     stored = client.app[GATEWAY_KEY].storage.get_preferences("alice")
     assert stored == {"ai.agent.tool-agent.model": "x", "ai.common.knowledge_rag.mode": "naive"}

@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.acp.runtime import AcpRuntime
-from gateway.models import TERMINAL_KINDS
+from agent_gateway.acp.runtime import AcpRuntime
+from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests.conftest import MakeGateway, gateway_of, sse_events
 
 AGENTS = ("reasonix", "hermes")

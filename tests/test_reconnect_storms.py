@@ -22,10 +22,10 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.app import GATEWAY_KEY, create_app
-from gateway.config import Config
-from gateway.models import TERMINAL_KINDS, format_cursor
-from gateway.plugins import PluginHost
+from agent_gateway.app import GATEWAY_KEY, create_app
+from agent_gateway.config import Config
+from agent_gateway.models import TERMINAL_KINDS, format_cursor
+from agent_gateway.plugin_host import PluginHost
 from tests._harness import WAIT, LoopThread, ScriptPlugin, Step, script_body
 from tests.conftest import MakeGateway, events_page, gateway_of, sse_events
 

@@ -24,8 +24,8 @@ from conftest import (
     stream_path,
 )
 
-from contrib.fake_openai import Reply
-from gateway.models import TERMINAL_KINDS, TERMINAL_STATUSES, Event, Run
+from agent_gateway.models import TERMINAL_KINDS, TERMINAL_STATUSES, Event, Run
+from agent_gateway.testing.fake_openai import Reply
 
 RECEIPT_KEYS = {
     "schema",

@@ -18,11 +18,11 @@ import pluggy
 import psycopg2
 import pytest
 
-import hookspecs
-import plugins.journal_peewee as journal_plugin
-from gateway.models import Event, Run
-from gateway.storage import RequestConflict, Storage
-from plugins.journal_peewee import PeeweeStorage
+import agent_gateway.plugins.journal_peewee as journal_plugin
+from agent_gateway import hookspecs
+from agent_gateway.models import Event, Run
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
+from agent_gateway.storage import RequestConflict, Storage
 
 POSTGRES_URL = os.environ.get("AG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ("sqlite", "postgresql")

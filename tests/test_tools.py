@@ -19,19 +19,19 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import plugins.workspace as workspace_plugin
-from gateway.app import GATEWAY_KEY, create_app
-from gateway.bus import Bus
-from gateway.config import Config, section_specs_from_hook
-from gateway.journal import Journal
-from gateway.models import Run
-from gateway.paths import PathError, resolve_path
-from gateway.plugins import PluginHost
-from gateway.routes import receipts as receipts_route
-from gateway.tools import RunScope, Tool, ToolCall, ToolError, ToolFacade, validate_schema
-from hookspecs import hookimpl
-from plugins.journal_peewee import PeeweeStorage
-from plugins.workspace.patching import PatchError, apply_edits, apply_unified_diff
+import agent_gateway.plugins.workspace as workspace_plugin
+from agent_gateway.app import GATEWAY_KEY, create_app
+from agent_gateway.bus import Bus
+from agent_gateway.config import Config, section_specs_from_hook
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.journal import Journal
+from agent_gateway.models import Run
+from agent_gateway.paths import PathError, resolve_path
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
+from agent_gateway.plugins.workspace.patching import PatchError, apply_edits, apply_unified_diff
+from agent_gateway.routes import receipts as receipts_route
+from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError, ToolFacade, validate_schema
 
 PAGE = "notes/today.md"
 PAGE_TEXT = "# Today\n\nline one\nline two\nline three\n"

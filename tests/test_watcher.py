@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from contrib.fake_openai import FakeOpenAI, Reply
-from gateway.app import GATEWAY_KEY, create_app
-from gateway.config import Config
-from gateway.plugins import PluginHost
-from gateway.routes import workspaces
-from gateway.watcher import Watcher
+from agent_gateway.app import GATEWAY_KEY, create_app
+from agent_gateway.config import Config
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.routes import workspaces
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from agent_gateway.watcher import Watcher
 from tests.conftest import WAIT, gateway_of, sse_events
 
 WS = "local:ws"

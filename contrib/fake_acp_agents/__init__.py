@@ -1,6 +1,6 @@
 """Fake ACP agents for tests and demos, written with the official ACP Python SDK.
 
-``python -m contrib.fake_acp_agents --behaviour NAME`` runs one on stdio; see
+``python contrib/fake_acp_agents/agent.py --behaviour NAME`` runs one on stdio; see
 :mod:`contrib.fake_acp_agents.agent` for the behaviours.
 """
 

@@ -1,4 +1,4 @@
-"""``python -m contrib.fake_acp_agents --behaviour NAME``."""
+"""``python contrib/fake_acp_agents/agent.py --behaviour NAME``."""
 
 from __future__ import annotations
 

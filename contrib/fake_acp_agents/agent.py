@@ -1,6 +1,6 @@
 """Fake ACP agents built on the official SDK (``agent-client-protocol``, import ``acp``).
 
-Run as ``python -m contrib.fake_acp_agents --behaviour NAME``. Every behaviour
+Run as ``python contrib/fake_acp_agents/agent.py --behaviour NAME``. Every behaviour
 answers ``initialize``, ``session/new``, ``session/list``, ``session/resume``,
 ``session/close``, ``session/set_mode`` and ``session/set_config_option``; a
 plain prompt is answered by streaming one thought chunk and then
@@ -723,8 +723,8 @@ class McpClient:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: ``python -m contrib.fake_acp_agents --behaviour NAME``."""
-    parser = argparse.ArgumentParser(prog="python -m contrib.fake_acp_agents", description=__doc__.split("\n")[0])
+    """Entry point: ``python contrib/fake_acp_agents/agent.py --behaviour NAME``."""
+    parser = argparse.ArgumentParser(prog="python contrib/fake_acp_agents/agent.py", description=__doc__.split("\n")[0])
     parser.add_argument("--behaviour", "--behavior", choices=BEHAVIOURS, default="basic")
     parser.add_argument(
         "--delay", type=float, default=float(os.environ.get("FAKE_ACP_DELAY") or 0.0), help="seconds per chunk"
@@ -736,3 +736,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     agent = FakeAgent(args.behaviour, delay=args.delay, state_dir=args.state_dir, mcp_http=args.mcp_http)
     asyncio.run(run_agent(cast(Agent, agent), use_unstable_protocol=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,7 @@ a gateway event ``(kind, payload)``. Nothing here knows a runtime by name.
 
 from __future__ import annotations
 
-from gateway.acp.client import (
+from agent_gateway.acp.client import (
     CANCELLED_PERMISSION,
     PROTOCOL_VERSION,
     AcpError,
@@ -20,7 +20,7 @@ from gateway.acp.client import (
     RequestHandler,
     UpdateHandler,
 )
-from gateway.acp.mapping import UPDATE_KINDS, extract_text, map_update
+from agent_gateway.acp.mapping import UPDATE_KINDS, extract_text, map_update
 
 __all__ = [
     "CANCELLED_PERMISSION",

@@ -54,7 +54,7 @@ __all__ = [
     "UpdateHandler",
 ]
 
-log = logging.getLogger("gateway.acp")
+log = logging.getLogger("agent_gateway.acp")
 
 PROTOCOL_VERSION = 1
 DEFAULT_CLIENT_INFO: dict[str, Any] = {

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.acp.client import (
+from agent_gateway.acp.client import (
     CANCELLED_PERMISSION,
     AcpError,
     AcpProcess,
@@ -41,9 +41,9 @@ from gateway.acp.client import (
     AcpRequestError,
     AcpTimeout,
 )
-from gateway.acp.mapping import extract_text, map_update
-from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
-from gateway.sessions import (
+from agent_gateway.acp.mapping import extract_text, map_update
+from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
+from agent_gateway.sessions import (
     SHORT_REPLY_WARNING,
     cold_resume_packet,
     has_context,
@@ -51,7 +51,7 @@ from gateway.sessions import (
     prompt_text,
 )
 
-log = logging.getLogger("gateway.acp.runtime")
+log = logging.getLogger("agent_gateway.acp.runtime")
 
 STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
 ALLOW_KINDS = ("allow_once", "allow_always")
@@ -200,7 +200,7 @@ def probe_version(command: list[str], timeout: float = 5.0) -> str | None:
 
 
 class AcpRuntime:
-    """A :class:`gateway.runtime.Runtime` for one ACP agent."""
+    """A :class:`agent_gateway.runtime.Runtime` for one ACP agent."""
 
     def __init__(self, spec: AcpAgentSpec) -> None:
         self.spec = spec

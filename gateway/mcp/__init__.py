@@ -1,14 +1,14 @@
 """The gateway's one tool surface for agents: the tool facade served as an MCP server.
 
-- :mod:`gateway.mcp.server`: transport-independent MCP JSON-RPC handling (``initialize``,
+- :mod:`agent_gateway.mcp.server`: transport-independent MCP JSON-RPC handling (``initialize``,
   ``ping``, ``tools/list``, ``tools/call``) over a :class:`gateway.tools.ToolFacade`.
-- :mod:`gateway.mcp.leases`: the credentials. A lease token is bound to one agent binding (or one
+- :mod:`agent_gateway.mcp.leases`: the credentials. A lease token is bound to one agent binding (or one
   run) and is good only while one of its runs is active; each call is attributed to that run.
-- :mod:`gateway.mcp.http`: ``POST /v1/mcp`` (streamable HTTP, JSON responses), authorised by a
+- :mod:`agent_gateway.mcp.http`: ``POST /v1/mcp`` (streamable HTTP, JSON responses), authorised by a
   lease token, not by the actor tokens.
-- :mod:`gateway.mcp.bridge`: the stdio bridge (``python -m gateway.mcp.bridge`` /
+- :mod:`agent_gateway.mcp.bridge`: the stdio bridge (``python -m agent_gateway.mcp.bridge`` /
   ``agent-gateway mcp-bridge``) that relays newline-delimited JSON-RPC to ``/v1/mcp``.
-- :mod:`gateway.mcp.wiring`: the ``mcpServers`` entries for ACP ``session/new`` (runtimes with
+- :mod:`agent_gateway.mcp.wiring`: the ``mcpServers`` entries for ACP ``session/new`` (runtimes with
   another config format convert them).
 
 This package imports nothing heavy at import time: the bridge starts in a fresh interpreter for

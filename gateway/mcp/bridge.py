@@ -3,7 +3,7 @@
 Agents that only speak stdio MCP (any ACP agent without ``mcpCapabilities.http``)
 start it as their MCP server::
 
-    AGENT_GATEWAY_MCP_TOKEN=<lease token> python -m gateway.mcp.bridge --url http://127.0.0.1:8787
+    AGENT_GATEWAY_MCP_TOKEN=<lease token> python -m agent_gateway.mcp.bridge --url http://127.0.0.1:8787
     AGENT_GATEWAY_MCP_TOKEN=<lease token> agent-gateway mcp-bridge --url http://127.0.0.1:8787
 
 The token is read from an environment variable (``--token-env``), never from argv, so it does not
@@ -32,7 +32,7 @@ from typing import Any, BinaryIO
 
 import click
 
-from gateway.mcp import MCP_PATH, TOKEN_ENV
+from agent_gateway.mcp import MCP_PATH, TOKEN_ENV
 
 DEFAULT_TIMEOUT = 600.0
 MAX_WORKERS = 8

@@ -1,6 +1,6 @@
 """``POST /v1/mcp``: the MCP server over streamable HTTP (JSON responses, no SSE).
 
-Authorisation is ``Authorization: Bearer <lease token>`` (see :mod:`gateway.mcp.leases`), *not*
+Authorisation is ``Authorization: Bearer <lease token>`` (see :mod:`agent_gateway.mcp.leases`), *not*
 an actor token: the route must be left out of the actor auth middleware (``MCP_PATH`` in
 ``gateway.app.PUBLIC_PATHS``). A token that is unknown or revoked, or that has no active run right
 now, gets **401** with a JSON-RPC error ``-32001`` in the body (one per request of a batch) and
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway.mcp import MCP_PATH
-from gateway.mcp.leases import LeaseError, McpLeases
-from gateway.mcp.server import (
+from agent_gateway.mcp import MCP_PATH
+from agent_gateway.mcp.leases import LeaseError, McpLeases
+from agent_gateway.mcp.server import (
     INVALID_REQUEST,
     PARSE_ERROR,
     UNAUTHORIZED,
@@ -38,9 +38,9 @@ from gateway.mcp.server import (
 )
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
-log = logging.getLogger("gateway.mcp.http")
+log = logging.getLogger("agent_gateway.mcp.http")
 
 SESSION_HEADER = "Mcp-Session-Id"
 LEASES_SERVICE = "mcp_leases"

@@ -28,10 +28,10 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.models import Run
-from gateway.tools import RunScope
+from agent_gateway.models import Run
+from agent_gateway.tools import RunScope
 
-log = logging.getLogger("gateway.mcp.leases")
+log = logging.getLogger("agent_gateway.mcp.leases")
 
 MAX_SESSIONS_PER_LEASE = 32
 

@@ -23,9 +23,9 @@ import json
 import logging
 from typing import Any
 
-from gateway.tools import RunScope, ToolError, ToolFacade
+from agent_gateway.tools import RunScope, ToolError, ToolFacade
 
-log = logging.getLogger("gateway.mcp.server")
+log = logging.getLogger("agent_gateway.mcp.server")
 
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_PROTOCOL_VERSION = PROTOCOL_VERSIONS[-1]
@@ -87,7 +87,7 @@ class McpServer:
 
     def __init__(self, facade: ToolFacade, *, name: str = "agent-gateway", version: str | None = None) -> None:
         if version is None:
-            from gateway import __version__
+            from agent_gateway import __version__
 
             version = __version__
         self.facade = facade

@@ -2,15 +2,15 @@
 
 Install for ACP runtimes with ``gateway.services["mcp_servers_for"] = mcp_servers_for(gateway)``;
 the gateway's own URL must be in ``gateway.services["base_url"]`` (set at start-up from the
-listening socket). :class:`gateway.acp.runtime.AcpRuntime` calls the provider at ``session/new``
+listening socket). :class:`agent_gateway.acp.runtime.AcpRuntime` calls the provider at ``session/new``
 and ``session/load``; the entry it gets is
 
 - ``{"type": "http", "name": "gateway", "url": ".../v1/mcp", "headers": [Authorization]}`` when the
   agent declared ``mcpCapabilities.http`` (``policy.mcp_http``), else
-- ``{"name": "gateway", "command": <python>, "args": ["-m", "gateway.mcp.bridge", "--url", ...,
+- ``{"name": "gateway", "command": <python>, "args": ["-m", "agent_gateway.mcp.bridge", "--url", ...,
   "--token-env", "AGENT_GATEWAY_MCP_TOKEN"], "env": [{"name": "AGENT_GATEWAY_MCP_TOKEN", ...}]}``.
 
-The token is a lease held by the turn's ACP binding (see :mod:`gateway.mcp.leases`): calls are
+The token is a lease held by the turn's ACP binding (see :mod:`agent_gateway.mcp.leases`): calls are
 attributed to the binding's active run (``binding.turn``; while the binding is still being opened,
 the turn opening it), refused between runs, and the lease is revoked once the binding's process is
 gone. A runtime whose turn has no binding yet when it asks (one that writes an MCP config file while spawning)
@@ -27,18 +27,18 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from gateway.mcp import MCP_PATH, SERVER_NAME, TOKEN_ENV
-from gateway.mcp.http import leases_of
-from gateway.mcp.leases import Resolved, run_pin
-from gateway.models import Run
-from gateway.runtime import RuntimePolicy, Turn
+from agent_gateway.mcp import MCP_PATH, SERVER_NAME, TOKEN_ENV
+from agent_gateway.mcp.http import leases_of
+from agent_gateway.mcp.leases import Resolved, run_pin
+from agent_gateway.models import Run
+from agent_gateway.runtime import RuntimePolicy, Turn
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
-log = logging.getLogger("gateway.mcp.wiring")
+log = logging.getLogger("agent_gateway.mcp.wiring")
 
-BRIDGE_MODULE = "gateway.mcp.bridge"
+BRIDGE_MODULE = "agent_gateway.mcp.bridge"
 DESCRIPTION = "Agent Gateway tools (workspace files, receipts) for the current run"
 RUNNING_STATUSES = frozenset({"running", "awaiting_permission"})
 SESSION_LEASE_IDLE_SECONDS = 24 * 3600.0

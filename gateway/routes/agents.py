@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.descriptors import DESCRIPTORS_SCHEMA, describe_agents
-from gateway.errors import ApiError
+from agent_gateway.descriptors import DESCRIPTORS_SCHEMA, describe_agents
+from agent_gateway.errors import ApiError
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 
 def setup(app: web.Application, gateway: Gateway) -> None:

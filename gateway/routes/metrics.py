@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
+from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 
 def render(gateway: Gateway) -> str:

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.errors import ApiError, read_json
-from gateway.preferences import get_preferences, put_preferences
+from agent_gateway.errors import ApiError, read_json
+from agent_gateway.preferences import get_preferences, put_preferences
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 
 def setup(app: web.Application, gateway: Gateway) -> None:

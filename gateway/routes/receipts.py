@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.errors import ApiError
+from agent_gateway.errors import ApiError
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 RECEIPTS_SCHEMA = "gateway.tool_receipts.v1"
 

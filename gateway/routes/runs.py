@@ -6,14 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway.builtin import ui_projection
-from gateway.errors import ApiError, read_json
-from gateway.models import Run, dumps, format_cursor, parse_cursor
-from gateway.preferences import apply_run_defaults
-from gateway.sse import stream_run
+from agent_gateway.builtin import ui_projection
+from agent_gateway.errors import ApiError, read_json
+from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
+from agent_gateway.preferences import apply_run_defaults
+from agent_gateway.sse import stream_run
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 OPENAPI_PATH = Path(__file__).resolve().parent.parent / "openapi.json"
 

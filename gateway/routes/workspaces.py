@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from gateway.errors import ApiError
-from gateway.models import parse_cursor
-from gateway.sse import stream_run
-from gateway.watcher import topic_for
+from agent_gateway.errors import ApiError
+from agent_gateway.models import parse_cursor
+from agent_gateway.sse import stream_run
+from agent_gateway.watcher import topic_for
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 
 def setup(app: web.Application, gateway: Gateway) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.acp.runtime import (
+from agent_gateway.acp.runtime import (
     SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
@@ -20,8 +20,8 @@ from gateway.acp.runtime import (
     spec_options,
     validate_section,
 )
-from gateway.runtime import RuntimePolicy
-from hookspecs import hookimpl
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.runtime import RuntimePolicy
 
 SECTION = "hermes"
 DEFAULTS: dict[str, Any] = {

@@ -22,9 +22,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from hookspecs import hookimpl
-from plugins.lightrag.service import MODES, KnowledgeService, Settings
-from plugins.lightrag.tools import CAP_KNOWLEDGE, KnowledgeTools
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.plugins.lightrag.service import MODES, KnowledgeService, Settings
+from agent_gateway.plugins.lightrag.tools import CAP_KNOWLEDGE, KnowledgeTools
 
 SECTION = "lightrag"
 DEFAULTS: dict[str, Any] = {
@@ -140,8 +140,8 @@ def register_routes(app: Any, gateway: Any) -> None:
     service = service_of(gateway)
     if service is None:
         return
-    from gateway.preferences import load_values
-    from plugins.lightrag import routes
+    from agent_gateway.plugins.lightrag import routes
+    from agent_gateway.preferences import load_values
 
     async def preferences(actor_id: str) -> dict[str, Any]:
         return await load_values(gateway, actor_id)
@@ -152,7 +152,7 @@ def register_routes(app: Any, gateway: Any) -> None:
 
 @hookimpl
 def gateway_shutdown(app: Any) -> Any:
-    from gateway.app import GATEWAY_KEY
+    from agent_gateway.app import GATEWAY_KEY
 
     gateway = app.get(GATEWAY_KEY) if hasattr(app, "get") else None
     service = service_of(gateway) if gateway is not None else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-log = logging.getLogger("gateway.lightrag")
+log = logging.getLogger("agent_gateway.lightrag")
 
 
 class ProviderError(Exception):

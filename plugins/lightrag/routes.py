@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from gateway.errors import ApiError, read_json
-from gateway.tools import ToolError, validate_schema
-from plugins.lightrag.service import KnowledgeService, Where
-from plugins.lightrag.tools import KnowledgeTools
+from agent_gateway.errors import ApiError, read_json
+from agent_gateway.plugins.lightrag.service import KnowledgeService, Where
+from agent_gateway.plugins.lightrag.tools import KnowledgeTools
+from agent_gateway.tools import ToolError, validate_schema
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
+    from agent_gateway.app import Gateway
 
 HTTP_STATUS = {
     "invalid_arguments": 400,

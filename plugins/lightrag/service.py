@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.paths import PathError, read_file_safely, resolve_path
-from gateway.tools import ToolError
-from plugins.lightrag.client import LightRAGClient, ProviderError
-from plugins.lightrag.mapping import (
+from agent_gateway.paths import PathError, read_file_safely, resolve_path
+from agent_gateway.plugins.lightrag.client import LightRAGClient, ProviderError
+from agent_gateway.plugins.lightrag.mapping import (
     REFERENCE_SCHEMA,
     Locator,
     citation,
@@ -33,8 +32,9 @@ from plugins.lightrag.mapping import (
     scrub,
     split_sources,
 )
+from agent_gateway.tools import ToolError
 
-log = logging.getLogger("gateway.lightrag")
+log = logging.getLogger("agent_gateway.lightrag")
 
 QUERY_SCHEMA = "gateway.knowledge_rag.query_result.v1"
 OPEN_SCHEMA = "gateway.knowledge_rag.open_reference.v1"

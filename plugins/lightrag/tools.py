@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.tools import Tool, ToolCall
-from plugins.lightrag.service import MODES, KnowledgeService, Where
+from agent_gateway.plugins.lightrag.service import MODES, KnowledgeService, Where
+from agent_gateway.tools import Tool, ToolCall
 
 CAP_KNOWLEDGE = "knowledge_rag"
 

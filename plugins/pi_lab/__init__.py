@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hookspecs import hookimpl
-from plugins.pi_lab.runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.plugins.pi_lab.runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
 
 SECTION = "pi_lab"
 DEFAULTS: dict[str, Any] = {
@@ -90,6 +90,6 @@ def session_strategy(runtime: Any, config: Any) -> Any:
 
 @hookimpl
 def register_routes(app: Any, gateway: Any) -> None:
-    from plugins.pi_lab.routes import setup
+    from agent_gateway.plugins.pi_lab.routes import setup
 
     setup(app, gateway)

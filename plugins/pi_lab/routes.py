@@ -12,9 +12,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.errors import ApiError, read_json
-from plugins.pi_lab.rpc import PiError
-from plugins.pi_lab.runtime import AGENT_ID, PiRuntime
+from agent_gateway.errors import ApiError, read_json
+from agent_gateway.plugins.pi_lab.rpc import PiError
+from agent_gateway.plugins.pi_lab.runtime import AGENT_ID, PiRuntime
 
 
 def setup(app: web.Application, gateway: Any) -> None:

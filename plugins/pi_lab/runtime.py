@@ -27,12 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
-from gateway.sessions import SHORT_REPLY_WARNING, cold_resume_packet, has_context, is_bare_short_reply, prompt_text
-from plugins.pi_lab.mapping import EventMapper
-from plugins.pi_lab.rpc import PiError, PiExited, PiProcess
+from agent_gateway.plugins.pi_lab.mapping import EventMapper
+from agent_gateway.plugins.pi_lab.rpc import PiError, PiExited, PiProcess
+from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
+from agent_gateway.sessions import (
+    SHORT_REPLY_WARNING,
+    cold_resume_packet,
+    has_context,
+    is_bare_short_reply,
+    prompt_text,
+)
 
-log = logging.getLogger("plugins.pi_lab")
+log = logging.getLogger("agent_gateway.plugins.pi_lab")
 
 AGENT_ID = "pi-lab"
 PROVIDER_NAME = "gateway"
@@ -491,6 +497,6 @@ class PiSessionStrategy:
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         if isinstance(runtime, PiRuntime):
             return await runtime.bind(turn)
-        from gateway.sessions import TranscriptStrategy
+        from agent_gateway.sessions import TranscriptStrategy
 
         return await TranscriptStrategy().plan(turn, runtime)

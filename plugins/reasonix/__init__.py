@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.acp.runtime import (
+from agent_gateway.acp.runtime import (
     SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
@@ -24,8 +24,8 @@ from gateway.acp.runtime import (
     spec_options,
     validate_section,
 )
-from gateway.runtime import RuntimePolicy
-from hookspecs import hookimpl
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.runtime import RuntimePolicy
 
 SECTION = "reasonix"
 DEFAULTS: dict[str, Any] = {

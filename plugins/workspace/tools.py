@@ -2,7 +2,7 @@
 
 Every handler runs after the facade has validated the arguments, resolved and checked the paths
 (``call.paths``), checked the caller's expected version and asked the veto hooks. File I/O goes
-through :mod:`gateway.paths` only, so a symlink swapped in after the check is never followed.
+through :mod:`agent_gateway.paths` only, so a symlink swapped in after the check is never followed.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.paths import (
+from agent_gateway.paths import (
     ResolvedPath,
     allowed_roots_of,
     read_file_versioned,
     write_file_atomically,
 )
-from gateway.tools import RunScope, Tool, ToolCall, ToolError
-from plugins.workspace.patching import PatchError, apply_edits, apply_unified_diff
+from agent_gateway.plugins.workspace.patching import PatchError, apply_edits, apply_unified_diff
+from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError
 
 CAP_READ = "workspace.read"
 CAP_WRITE = "workspace.write"

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gateway.runtime import RuntimePolicy, Turn, TurnOutcome
-from hookspecs import hookimpl
+from agent_gateway.hookspecs import hookimpl
+from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m contrib.fake_openai --port 0 --script FILE``."""
+"""Command line: ``python -m agent_gateway.testing.fake_openai --port 0 --script FILE``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import signal
 
 import click
 
-from contrib.fake_openai.server import FakeOpenAI, Reply, load_script
+from agent_gateway.testing.fake_openai.server import FakeOpenAI, Reply, load_script
 
 
 async def _serve(fake: FakeOpenAI, port: int) -> None:

@@ -19,9 +19,9 @@ from typing import Any
 
 import pluggy
 
-from hookspecs import PROJECT_NAME, SPEC_MODULES
+from agent_gateway.hookspecs import PROJECT_NAME, SPEC_MODULES
 
-log = logging.getLogger("gateway.plugins")
+log = logging.getLogger("agent_gateway.plugin_host")
 
 ENTRY_POINT_GROUP = PROJECT_NAME
 LOAD_ENV = "AGENT_GATEWAY_LOAD_PLUGINS"
