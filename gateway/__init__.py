@@ -1,3 +1,157 @@
-"""Agent Gateway: a small aiohttp core between host applications and agent runtimes."""
+"""Agent Gateway: a small aiohttp core between host applications and agent runtimes.
+
+The public API for plugin authors is what this module exports (``__all__``); import it from
+here, ``from agent_gateway import hookimpl, Runtime, Turn, TurnOutcome``. Every other module
+(``agent_gateway.journal``, ``agent_gateway.runs``, …) is internal and may change between
+releases. Names are resolved on first use, so ``import agent_gateway`` stays cheap for the small
+processes that only need one part (the MCP stdio bridge, the fake upstream).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> the internal module that defines it
+_EXPORTS: dict[str, str] = {
+    # hooks
+    "hookimpl": "agent_gateway.hookspecs",
+    "PROJECT_NAME": "agent_gateway.hookspecs",
+    # runtimes
+    "Runtime": "agent_gateway.runtime",
+    "RuntimePolicy": "agent_gateway.runtime",
+    "Turn": "agent_gateway.runtime",
+    "TurnOutcome": "agent_gateway.runtime",
+    "SessionPlan": "agent_gateway.runtime",
+    "SessionStrategy": "agent_gateway.sessions",
+    "TranscriptStrategy": "agent_gateway.sessions",
+    # the generic ACP runtime
+    "AcpAgentSpec": "agent_gateway.acp.runtime",
+    "AcpRuntime": "agent_gateway.acp.runtime",
+    "AcpSessionStrategy": "agent_gateway.acp.runtime",
+    # tools
+    "Tool": "agent_gateway.tools",
+    "ToolCall": "agent_gateway.tools",
+    "ToolError": "agent_gateway.tools",
+    # journal, storage, config, errors
+    "Event": "agent_gateway.models",
+    "Run": "agent_gateway.models",
+    "Storage": "agent_gateway.storage",
+    "Config": "agent_gateway.config",
+    "ApiError": "agent_gateway.errors",
+    "PluginError": "agent_gateway.plugin_host",
+    # helpers for runtime, tool and route plugins
+    "SHORT_REPLY_WARNING": "agent_gateway.sessions",
+    "cold_resume_packet": "agent_gateway.sessions",
+    "has_context": "agent_gateway.sessions",
+    "is_bare_short_reply": "agent_gateway.sessions",
+    "prompt_text": "agent_gateway.sessions",
+    "ACP_SECTION_DEFAULTS": "agent_gateway.acp.runtime",
+    "spec_options": "agent_gateway.acp.runtime",
+    "validate_section": "agent_gateway.acp.runtime",
+    "RunScope": "agent_gateway.tools",
+    "validate_schema": "agent_gateway.tools",
+    "PathError": "agent_gateway.paths",
+    "ResolvedPath": "agent_gateway.paths",
+    "allowed_roots_of": "agent_gateway.paths",
+    "read_file_safely": "agent_gateway.paths",
+    "read_file_versioned": "agent_gateway.paths",
+    "resolve_path": "agent_gateway.paths",
+    "write_file_atomically": "agent_gateway.paths",
+    "now_ms": "agent_gateway.models",
+    "RequestConflict": "agent_gateway.storage",
+    "read_json": "agent_gateway.errors",
+}
+
+# public names that differ from the internal one
+_RENAMED = {"ACP_SECTION_DEFAULTS": "SECTION_DEFAULTS"}
+
+__all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
+    "__version__",
+    "hookimpl",
+    "PROJECT_NAME",
+    "Runtime",
+    "RuntimePolicy",
+    "Turn",
+    "TurnOutcome",
+    "SessionPlan",
+    "SessionStrategy",
+    "TranscriptStrategy",
+    "AcpAgentSpec",
+    "AcpRuntime",
+    "AcpSessionStrategy",
+    "Tool",
+    "ToolCall",
+    "ToolError",
+    "Event",
+    "Run",
+    "Storage",
+    "Config",
+    "ApiError",
+    "PluginError",
+    "SHORT_REPLY_WARNING",
+    "cold_resume_packet",
+    "has_context",
+    "is_bare_short_reply",
+    "prompt_text",
+    "ACP_SECTION_DEFAULTS",
+    "spec_options",
+    "validate_section",
+    "RunScope",
+    "validate_schema",
+    "PathError",
+    "ResolvedPath",
+    "allowed_roots_of",
+    "read_file_safely",
+    "read_file_versioned",
+    "resolve_path",
+    "write_file_atomically",
+    "now_ms",
+    "RequestConflict",
+    "read_json",
+]
+
+if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
+    from agent_gateway.acp.runtime import SECTION_DEFAULTS as ACP_SECTION_DEFAULTS
+    from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
+    from agent_gateway.config import Config
+    from agent_gateway.errors import ApiError, read_json
+    from agent_gateway.hookspecs import PROJECT_NAME, hookimpl
+    from agent_gateway.models import Event, Run, now_ms
+    from agent_gateway.paths import (
+        PathError,
+        ResolvedPath,
+        allowed_roots_of,
+        read_file_safely,
+        read_file_versioned,
+        resolve_path,
+        write_file_atomically,
+    )
+    from agent_gateway.plugin_host import PluginError
+    from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
+    from agent_gateway.sessions import (
+        SHORT_REPLY_WARNING,
+        SessionStrategy,
+        TranscriptStrategy,
+        cold_resume_packet,
+        has_context,
+        is_bare_short_reply,
+        prompt_text,
+    )
+    from agent_gateway.storage import RequestConflict, Storage
+    from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError, validate_schema
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agent_gateway' has no attribute {name!r}")
+    value = getattr(import_module(module), _RENAMED.get(name, name))
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

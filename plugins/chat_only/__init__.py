@@ -9,8 +9,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.plugins.chat_only.runtime import ChatOnlyRuntime
+from agent_gateway import hookimpl
+
+from .runtime import ChatOnlyRuntime
 
 SECTION = "chat_only"
 DEFAULTS: dict[str, Any] = {
@@ -64,7 +65,7 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
 @hookimpl
 def session_strategy(runtime: Any, config: Any) -> Any:
     if isinstance(runtime, ChatOnlyRuntime):
-        from agent_gateway.sessions import TranscriptStrategy
+        from agent_gateway import TranscriptStrategy
 
         return TranscriptStrategy(runtime.max_history_turns, runtime.max_history_chars)
     return None

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from agent_gateway import RuntimePolicy, Turn, TurnOutcome
 
 
 class UpstreamError(Exception):

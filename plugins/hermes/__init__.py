@@ -12,20 +12,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent_gateway.acp.runtime import (
-    SECTION_DEFAULTS,
+from agent_gateway import (
+    ACP_SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
     AcpSessionStrategy,
+    RuntimePolicy,
+    hookimpl,
     spec_options,
     validate_section,
 )
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.runtime import RuntimePolicy
 
 SECTION = "hermes"
 DEFAULTS: dict[str, Any] = {
-    **SECTION_DEFAULTS,
+    **ACP_SECTION_DEFAULTS,
     "command": ["hermes-acp"],
     # "" = the user's own HERMES_HOME; with provider_base_url: <data_dir>/runtimes/hermes/home.
     "hermes_home": "",

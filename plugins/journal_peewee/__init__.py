@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.plugins.journal_peewee.store import SUPPORTED_SCHEMES, PeeweeStorage, handles_url
+from agent_gateway import hookimpl
+
+from .store import SUPPORTED_SCHEMES, PeeweeStorage, handles_url
 
 __all__ = ["SUPPORTED_SCHEMES", "PeeweeStorage", "storage_backend"]
 

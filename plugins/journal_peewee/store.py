@@ -33,8 +33,7 @@ import peewee
 from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
 from playhouse import db_url
 
-from agent_gateway.models import Event, Run, now_ms
-from agent_gateway.storage import RequestConflict
+from agent_gateway import Event, RequestConflict, Run, now_ms
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})

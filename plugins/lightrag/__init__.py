@@ -22,9 +22,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.plugins.lightrag.service import MODES, KnowledgeService, Settings
-from agent_gateway.plugins.lightrag.tools import CAP_KNOWLEDGE, KnowledgeTools
+from agent_gateway import hookimpl
+
+from .service import MODES, KnowledgeService, Settings
+from .tools import CAP_KNOWLEDGE, KnowledgeTools
 
 SECTION = "lightrag"
 DEFAULTS: dict[str, Any] = {
@@ -140,8 +141,9 @@ def register_routes(app: Any, gateway: Any) -> None:
     service = service_of(gateway)
     if service is None:
         return
-    from agent_gateway.plugins.lightrag import routes
     from agent_gateway.preferences import load_values
+
+    from . import routes
 
     async def preferences(actor_id: str) -> dict[str, Any]:
         return await load_values(gateway, actor_id)

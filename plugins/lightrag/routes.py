@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent_gateway.errors import ApiError, read_json
-from agent_gateway.plugins.lightrag.service import KnowledgeService, Where
-from agent_gateway.plugins.lightrag.tools import KnowledgeTools
-from agent_gateway.tools import ToolError, validate_schema
+from agent_gateway import ApiError, ToolError, read_json, validate_schema
+
+from .service import KnowledgeService, Where
+from .tools import KnowledgeTools
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_gateway.paths import PathError, read_file_safely, resolve_path
-from agent_gateway.plugins.lightrag.client import LightRAGClient, ProviderError
-from agent_gateway.plugins.lightrag.mapping import (
+from agent_gateway import PathError, ToolError, read_file_safely, resolve_path
+
+from .client import LightRAGClient, ProviderError
+from .mapping import (
     REFERENCE_SCHEMA,
     Locator,
     citation,
@@ -32,7 +33,6 @@ from agent_gateway.plugins.lightrag.mapping import (
     scrub,
     split_sources,
 )
-from agent_gateway.tools import ToolError
 
 log = logging.getLogger("agent_gateway.lightrag")
 

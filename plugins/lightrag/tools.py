@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent_gateway.plugins.lightrag.service import MODES, KnowledgeService, Where
-from agent_gateway.tools import Tool, ToolCall
+from agent_gateway import Tool, ToolCall
+
+from .service import MODES, KnowledgeService, Where
 
 CAP_KNOWLEDGE = "knowledge_rag"
 

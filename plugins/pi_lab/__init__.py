@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.plugins.pi_lab.runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
+from agent_gateway import hookimpl
+
+from .runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
 
 SECTION = "pi_lab"
 DEFAULTS: dict[str, Any] = {
@@ -90,6 +91,6 @@ def session_strategy(runtime: Any, config: Any) -> Any:
 
 @hookimpl
 def register_routes(app: Any, gateway: Any) -> None:
-    from agent_gateway.plugins.pi_lab.routes import setup
+    from .routes import setup
 
     setup(app, gateway)

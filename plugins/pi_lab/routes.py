@@ -12,9 +12,10 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_gateway.errors import ApiError, read_json
-from agent_gateway.plugins.pi_lab.rpc import PiError
-from agent_gateway.plugins.pi_lab.runtime import AGENT_ID, PiRuntime
+from agent_gateway import ApiError, read_json
+
+from .rpc import PiError
+from .runtime import AGENT_ID, PiRuntime
 
 
 def setup(app: web.Application, gateway: Any) -> None:

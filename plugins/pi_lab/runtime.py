@@ -27,16 +27,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent_gateway.plugins.pi_lab.mapping import EventMapper
-from agent_gateway.plugins.pi_lab.rpc import PiError, PiExited, PiProcess
-from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
-from agent_gateway.sessions import (
+from agent_gateway import (
     SHORT_REPLY_WARNING,
+    RuntimePolicy,
+    SessionPlan,
+    Turn,
+    TurnOutcome,
     cold_resume_packet,
     has_context,
     is_bare_short_reply,
     prompt_text,
 )
+
+from .mapping import EventMapper
+from .rpc import PiError, PiExited, PiProcess
 
 log = logging.getLogger("agent_gateway.plugins.pi_lab")
 
@@ -497,6 +501,6 @@ class PiSessionStrategy:
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         if isinstance(runtime, PiRuntime):
             return await runtime.bind(turn)
-        from agent_gateway.sessions import TranscriptStrategy
+        from agent_gateway import TranscriptStrategy
 
         return await TranscriptStrategy().plan(turn, runtime)

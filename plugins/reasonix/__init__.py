@@ -16,20 +16,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent_gateway.acp.runtime import (
-    SECTION_DEFAULTS,
+from agent_gateway import (
+    ACP_SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
     AcpSessionStrategy,
+    RuntimePolicy,
+    hookimpl,
     spec_options,
     validate_section,
 )
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.runtime import RuntimePolicy
 
 SECTION = "reasonix"
 DEFAULTS: dict[str, Any] = {
-    **SECTION_DEFAULTS,
+    **ACP_SECTION_DEFAULTS,
     "command": ["reasonix", "acp"],
     # "gateway": run in <data_dir>/runtimes/reasonix (needed for provider_base_url);
     # "workspace": run in the workspace root, using the user's own reasonix.toml there.

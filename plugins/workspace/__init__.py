@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.plugins.workspace.tools import CAP_NOTE, CAP_READ, CAP_WRITE, Settings, WorkspaceTools
+from agent_gateway import hookimpl
+
+from .tools import CAP_NOTE, CAP_READ, CAP_WRITE, Settings, WorkspaceTools
 
 SECTION = "workspace_tools"
 DEFAULTS: dict[str, Any] = {

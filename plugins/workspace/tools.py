@@ -10,14 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent_gateway.paths import (
+from agent_gateway import (
     ResolvedPath,
+    RunScope,
+    Tool,
+    ToolCall,
+    ToolError,
     allowed_roots_of,
     read_file_versioned,
     write_file_atomically,
 )
-from agent_gateway.plugins.workspace.patching import PatchError, apply_edits, apply_unified_diff
-from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError
+
+from .patching import PatchError, apply_edits, apply_unified_diff
 
 CAP_READ = "workspace.read"
 CAP_WRITE = "workspace.write"

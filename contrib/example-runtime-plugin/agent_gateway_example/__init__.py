@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from agent_gateway.hookspecs import hookimpl
-from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from agent_gateway import RuntimePolicy, Turn, TurnOutcome, hookimpl
 
 __version__ = "0.1.0"
 
