@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_gateway.auth import actor_for_token
 from agent_gateway.bus import Bus
 from agent_gateway.config import Config, section_specs_from_hook
 from agent_gateway.errors import ApiError, json_errors
@@ -31,7 +32,8 @@ from agent_gateway.watcher import Watcher
 log = logging.getLogger("agent_gateway.app")
 
 LOCAL_ACTOR = "local"
-PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", "/metrics", MCP_PATH})
+PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH})
+METRICS_PATH = "/metrics"
 
 
 class Gateway:
@@ -45,6 +47,7 @@ class Gateway:
         self.heartbeat = float(gw["heartbeat_seconds"])
         self.stream_capacity = int(gw["stream_buffer_events"])
         self.tokens = config.tokens
+        self.public_metrics = bool(config.section("auth")["public_metrics"])
         self.data_dir: Path = config.data_dir
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="storage")
         storage = plugins.storage_backend(config.storage_url, config)
@@ -110,7 +113,7 @@ class Gateway:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
-        actor = self.tokens.get(token.strip())
+        actor = actor_for_token(self.tokens, token.strip())
         if actor is None:
             raise ApiError(401, "unauthorized", "unknown token")
         return actor
@@ -151,8 +154,9 @@ def gateway_of(request: web.Request) -> Gateway:
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse:
-    if request.path not in PUBLIC_PATHS:
-        request["actor"] = request.app[GATEWAY_KEY].actor_for(request)
+    gateway = request.app[GATEWAY_KEY]
+    if request.path not in PUBLIC_PATHS and not (request.path == METRICS_PATH and gateway.public_metrics):
+        request["actor"] = gateway.actor_for(request)
     return await handler(request)
 
 

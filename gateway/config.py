@@ -82,7 +82,7 @@ CORE_SECTIONS = [
     ),
     SectionSpec(
         "auth",
-        {"tokens": {}, "admins": []},
+        {"tokens": {}, "admins": [], "public_metrics": False},
         _validate_auth,
         "Bearer tokens mapped to actor ids. None: one local actor, loopback only.",
     ),

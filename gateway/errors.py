@@ -7,6 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 log = logging.getLogger("agent_gateway.http")
@@ -57,13 +58,85 @@ async def json_errors(
         return error_response(500, "internal_error", "internal error; see the gateway log")
 
 
+# Request bodies nest a few levels (run context, tool arguments); anything deeper is refused
+# before it reaches code that walks it recursively.
+MAX_JSON_DEPTH = 64
+
+
+class JsonBodyError(ValueError):
+    """A body that is not acceptable JSON; ``code`` and ``field`` say why and where."""
+
+    def __init__(self, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+
+
+def parse_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse a request body: valid UTF-8 JSON, nested at most ``max_depth`` levels, and no text
+    (key or value) holding a NUL or a lone surrogate, which some storage backends refuse and
+    others store. Raises :class:`JsonBodyError` naming the offending field."""
+    try:
+        value = orjson.loads(raw)  # C parser: bounded depth, no recursion in Python
+    except orjson.JSONDecodeError as exc:
+        if "surrogate" not in str(exc):
+            if "depth" in str(exc) or "recursion" in str(exc):
+                raise JsonBodyError("json_too_deep", f"the JSON nests deeper than {max_depth} levels") from None
+            raise JsonBodyError("invalid_json", f"malformed JSON: {exc}") from None
+        # orjson refuses lone surrogates without saying where; parse again to name the field
+        try:
+            value = json.loads(raw)
+        except RecursionError:
+            raise JsonBodyError("json_too_deep", f"the JSON nests deeper than {max_depth} levels") from None
+        except ValueError as again:
+            raise JsonBodyError("invalid_json", f"malformed JSON: {again}") from None
+    check_json_text(value, max_depth)
+    return value
+
+
+def _bad_text(text: str) -> str | None:
+    if "\x00" in text:
+        return "a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a lone surrogate"
+    return None
+
+
+def check_json_text(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Walk ``value`` without recursion: depth within ``max_depth``, every string clean."""
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, str):
+            problem = _bad_text(item)
+            if problem:
+                raise JsonBodyError("invalid_text", f"{path or 'the body'} holds {problem}", path or None)
+        elif isinstance(item, dict | list):
+            if depth >= max_depth:
+                raise JsonBodyError("json_too_deep", f"the JSON nests deeper than {max_depth} levels")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    child_path = f"{path}.{key}" if path else str(key)
+                    problem = _bad_text(key)
+                    if problem:
+                        where = f"a key in {path}" if path else "a top-level key"
+                        raise JsonBodyError("invalid_text", f"{where} holds {problem}", path or None)
+                    stack.append((child, child_path, depth + 1))
+            else:
+                stack.extend((child, f"{path}[{index}]", depth + 1) for index, child in enumerate(item))
+
+
 async def read_json(request: web.Request) -> Any:
+    """The request's JSON body, checked by :func:`parse_json_body`; a 4xx :class:`ApiError` otherwise."""
     if request.content_type not in ("application/json", ""):
         raise ApiError(415, "unsupported_media_type", "send the body as application/json")
     raw = await request.read()
     if not raw:
         raise ApiError(400, "invalid_json", "the body is empty; expected a JSON object")
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"malformed JSON: {exc}") from exc
+        return parse_json_body(raw)
+    except JsonBodyError as exc:
+        extra = {"field": exc.field} if exc.field else {}
+        raise ApiError(400, exc.code, str(exc), **extra) from None

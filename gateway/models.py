@@ -72,7 +72,7 @@ def parse_cursor(text: str | None) -> int:
     if text is None or text == "":
         return 0
     text = text.strip()
-    if not text.isdigit() or len(text) > CURSOR_WIDTH:
+    if not (text.isascii() and text.isdigit()) or len(text) > CURSOR_WIDTH:  # "٣" is a digit too
         raise ValueError(f"cursor must be 0 or up to {CURSOR_WIDTH} digits, got {text[:40]!r}")
     return int(text)
 

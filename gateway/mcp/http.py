@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent_gateway.errors import parse_json_body
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp.leases import LeaseError, McpLeases
 from agent_gateway.mcp.server import (
@@ -98,8 +99,8 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         leases = leases_of(gateway)
         raw = await request.read()
         try:
-            message: Any = json.loads(raw)
-        except ValueError:
+            message: Any = parse_json_body(raw)
+        except ValueError:  # malformed, too deep or unclean text: a JSON-RPC parse error
             message = None
             parsed = False
         else:
