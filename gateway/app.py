@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from agent_gateway.auth import actor_for_token
+from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
 from agent_gateway.config import Config, section_specs_from_hook
 from agent_gateway.errors import ApiError, json_errors
@@ -175,7 +176,11 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     for spec in section_specs_from_hook(plugins.config_sections()):
         config.add_section(spec)
     gateway = Gateway(config, plugins)
-    app = web.Application(middlewares=[json_errors, authenticate], client_max_size=gateway.max_body_bytes)
+    guard = guard_from_config(bool(config.tokens), config.section("gateway"))
+    app = web.Application(
+        middlewares=[json_errors, guard.middleware, authenticate], client_max_size=gateway.max_body_bytes
+    )
+    app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
     runs.setup(app, gateway)
     agents.setup(app, gateway)

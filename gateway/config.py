@@ -39,6 +39,11 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("max_body_bytes", "heartbeat_seconds", "stream_buffer_events", "journal_batch_events"):
         if section[key] <= 0:
             problems.append((key, "must be positive"))
+    if not all(isinstance(name, str) and name and "/" not in name for name in section["allowed_hosts"]):
+        problems.append(("allowed_hosts", "must be a list of host names (no scheme, no port)"))
+    for origin in section["cors_origins"]:
+        if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.count("/") != 2:
+            problems.append(("cors_origins", f"{origin!r} is not an origin like https://app.example:8443"))
     return problems
 
 
@@ -76,6 +81,8 @@ CORE_SECTIONS = [
             "stream_buffer_events": 1024,
             "journal_batch_events": 5000,
             "run_timeout_seconds": 3600.0,
+            "allowed_hosts": [],
+            "cors_origins": [],
         },
         _validate_gateway,
         "Listening address, data directory, limits.",

@@ -400,7 +400,7 @@ async def test_cancel_stops_the_prompt_not_the_binding(make_gateway: MakeGateway
     async with LiveStream(client, created["hostRunId"]) as stream:
         await stream.until("thought.delta")
         process = binding_of(client, "s1").process
-        response = await client.post(f"/v1/runs/{created['hostRunId']}/cancel")
+        response = await client.post(f"/v1/runs/{created['hostRunId']}/cancel", json={})
         assert response.status in (200, 202)
         events = await stream.to_end()
     run = await receipt(client, created["hostRunId"])
@@ -653,7 +653,7 @@ async def test_cancel_while_permission_pending(make_gateway: MakeGateway) -> Non
     async with LiveStream(client, run_id) as stream:
         asked = (await stream.until("permission.requested"))["payload"]
         process = binding_of(client, "s1").process
-        response = await client.post(f"/v1/runs/{run_id}/cancel")
+        response = await client.post(f"/v1/runs/{run_id}/cancel", json={})
         assert response.status in (200, 202)
         events = await stream.to_end()
     run = await receipt(client, run_id)

@@ -202,7 +202,7 @@ class Harness:
                     saw()
                     if cancel_after is not None and len(connection.events) == cancel_after:
                         self.stats["cancelled"] += 1
-                        await http.post(f"{url}/v1/runs/{tracked.run_id}/cancel")
+                        await http.post(f"{url}/v1/runs/{tracked.run_id}/cancel", json={})
 
         # Earlier runs: resume some streams where their clients left off.
         old = [

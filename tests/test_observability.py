@@ -101,7 +101,7 @@ async def test_metrics_are_prometheus_text_and_move_with_runs_and_streams(
         during = await scrape(client)
         assert metric(during, "agent_gateway_streams_open") == 1
         assert metric(during, "agent_gateway_runs_active", status="running") == 1
-        assert (await client.post(f"/v1/runs/{run_id}/cancel")).status == 202
+        assert (await client.post(f"/v1/runs/{run_id}/cancel", json={})).status == 202
         tail = [event async for event in sse_events(stream)]
     assert tail[-1]["event"] == "run.cancelled"
     async with asyncio.timeout(WAIT):

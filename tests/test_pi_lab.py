@@ -168,7 +168,7 @@ async def test_cancel_mid_stream_aborts_pi_and_keeps_the_session(
             async for event in sse_events(response):
                 events.append(event)
                 if event["event"] == "message.delta" and len(events) and kinds(events).count("message.delta") == 3:
-                    cancel = await client.post(f"/v1/runs/{run_id}/cancel")
+                    cancel = await client.post(f"/v1/runs/{run_id}/cancel", json={})
                     assert cancel.status in (200, 202)
     assert events[-1]["event"] == "run.cancelled", kinds(events)[-5:]
     assert len(text_of(events)) < len(LONG_REPLY.text), "the stream was not cut off"
@@ -190,7 +190,7 @@ async def test_hanging_model_is_aborted(make_gateway: MakeGateway, fake_llm: Fak
             async for event in sse_events(response):
                 events.append(event)
                 if event["event"] == "message.delta":
-                    await client.post(f"/v1/runs/{run_id}/cancel")
+                    await client.post(f"/v1/runs/{run_id}/cancel", json={})
     assert events[-1]["event"] == "run.cancelled"
 
 

@@ -350,7 +350,7 @@ async def test_cancel_mid_stream_keeps_the_live_binding(
     async def cancel_on_first_delta(event: dict[str, Any]) -> None:
         if event["kind"] == "message.delta" and not cancelled_at:
             cancelled_at.append(asyncio.get_running_loop().time())
-            response = await client.post(f"/v1/runs/{run_id}/cancel")
+            response = await client.post(f"/v1/runs/{run_id}/cancel", json={})
             assert response.status in (200, 202), await response.text()
 
     events = await session.stream(run_id, cancel_on_first_delta)

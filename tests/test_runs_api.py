@@ -452,7 +452,7 @@ async def test_active_run_is_never_terminal_and_a_second_run_queues(make_gateway
     assert (await active_run(client, session))["hostRunId"] == first["hostRunId"]
     assert len(fake_llm.requests) == 1
 
-    cancel = await client.post(f"/v1/runs/{first['hostRunId']}/cancel")
+    cancel = await client.post(f"/v1/runs/{first['hostRunId']}/cancel", json={})
     assert cancel.status == 202
     first_events = await read_stream(client, first["hostRunId"])
     assert first_events[-1]["event"] == "run.cancelled"
@@ -479,10 +479,10 @@ async def test_cancel_a_hanging_upstream(make_gateway, fake_llm):
     run_id = receipt["hostRunId"]
     await wait_for_kind(client, run_id, "message.delta")
     async with asyncio.timeout(WAIT):
-        response = await client.post(f"/v1/runs/{run_id}/cancel")
+        response = await client.post(f"/v1/runs/{run_id}/cancel", json={})
         assert response.status == 202
         assert (await response.json())["hostRunId"] == run_id
-        again = await client.post(f"/v1/runs/{run_id}/cancel")
+        again = await client.post(f"/v1/runs/{run_id}/cancel", json={})
         assert again.status in (200, 202)
         events = await read_stream(client, run_id)
     assert events[-1]["event"] == "run.cancelled"
@@ -490,7 +490,7 @@ async def test_cancel_a_hanging_upstream(make_gateway, fake_llm):
     final = await get_run(client, run_id)
     assert final["status"] == "cancelled"
     # Cancelling a finished run answers its terminal receipt.
-    done = await client.post(f"/v1/runs/{run_id}/cancel")
+    done = await client.post(f"/v1/runs/{run_id}/cancel", json={})
     assert done.status == 200 and (await done.json())["status"] == "cancelled"
     # The upstream connection was released: the next request of the session works.
     _, next_events = await run_to_end(client, run_body("next", sessionId=session))
@@ -503,7 +503,7 @@ async def test_cancel_right_after_create_stops_a_hanging_upstream(make_gateway, 
     client = await make_gateway()
     for _ in range(5):
         receipt = await create(client, run_body("cancel me early"))
-        response = await client.post(f"/v1/runs/{receipt['hostRunId']}/cancel")
+        response = await client.post(f"/v1/runs/{receipt['hostRunId']}/cancel", json={})
         assert response.status in (200, 202)
         events = await read_stream(client, receipt["hostRunId"], timeout=10)
         assert events[-1]["event"] == "run.cancelled"
@@ -517,7 +517,7 @@ async def test_cancel_a_queued_run_before_it_starts(make_gateway, fake_llm):
     await fake_llm.wait_for_requests(1, timeout=WAIT)
     second = await create(client, run_body("second", sessionId=session))
     await wait_for_kind(client, second["hostRunId"], "run.queued")
-    response = await client.post(f"/v1/runs/{second['hostRunId']}/cancel")
+    response = await client.post(f"/v1/runs/{second['hostRunId']}/cancel", json={})
     assert response.status in (200, 202)
     events = await read_stream(client, second["hostRunId"])
     kinds = [e["event"] for e in events]
@@ -525,7 +525,7 @@ async def test_cancel_a_queued_run_before_it_starts(make_gateway, fake_llm):
     assert (await get_run(client, second["hostRunId"]))["status"] == "cancelled"
     assert len(fake_llm.requests) == 1
     assert (await active_run(client, session))["hostRunId"] == first["hostRunId"]
-    await client.post(f"/v1/runs/{first['hostRunId']}/cancel")
+    await client.post(f"/v1/runs/{first['hostRunId']}/cancel", json={})
     assert (await read_stream(client, first["hostRunId"]))[-1]["event"] == "run.cancelled"
     assert len(fake_llm.requests) == 1
 
@@ -693,7 +693,7 @@ async def test_bad_requests_get_json_errors_never_500(make_gateway):
     await json_error(await client.get("/v1/runs/run_does_not_exist"), 404)
     await json_error(await client.get("/v1/runs/run_does_not_exist/events"), 404)
     await json_error(await client.get("/v1/runs/run_does_not_exist/stream"), 404)
-    await json_error(await client.post("/v1/runs/run_does_not_exist/cancel"), 404)
+    await json_error(await client.post("/v1/runs/run_does_not_exist/cancel", json={}), 404)
     await json_error(await client.get("/v1/nothing-here"), 404)
     await json_error(await client.delete("/v1/runs"), 405)
     # None of that created a run or broke the gateway.

@@ -188,7 +188,7 @@ async def test_external_write_is_reported_once_on_the_run_and_the_workspace(
             )
         )
         assert deleted
-    await client.post(f"/v1/runs/{run_id}/cancel")
+    await client.post(f"/v1/runs/{run_id}/cancel", json={})
 
 
 async def test_facade_write_is_reported_once_with_its_receipt(
@@ -235,7 +235,7 @@ async def test_facade_write_is_reported_once_with_its_receipt(
         # The facade's own events are there too, and the watcher names the same receipt.
         tool_done = await run_stream.until(lambda e: e["event"] == "tool.completed")
         assert tool_done["data"]["payload"]["receiptId"] == created["receiptId"]
-    await client.post(f"/v1/runs/{run_id}/cancel")
+    await client.post(f"/v1/runs/{run_id}/cancel", json={})
 
 
 async def test_runs_only_see_their_allowed_roots(start: Start, fake_llm: FakeOpenAI, workspace: Path) -> None:
@@ -258,7 +258,7 @@ async def test_runs_only_see_their_allowed_roots(start: Start, fake_llm: FakeOpe
         assert all(c["path"].startswith("other/") for c in other.changes()), other.changes()
         assert {c["path"] for c in ws.changes()} >= {"other/o.md", "notes/n.md"}
     for run_id in (notes_run, other_run):
-        await client.post(f"/v1/runs/{run_id}/cancel")
+        await client.post(f"/v1/runs/{run_id}/cancel", json={})
 
 
 async def test_workspace_stream_resumes_with_last_event_id_across_restarts(
@@ -276,7 +276,7 @@ async def test_workspace_stream_resumes_with_last_event_id_across_restarts(
         again = await resumed.until(lambda e: e["event"] == "files.changed")
         assert again["id"] == second["id"], "resumed right after the given event, with no gap"
         assert int(first["id"]) not in [int(e["id"]) for e in resumed.events]
-    await client.post(f"/v1/runs/{run_id}/cancel")
+    await client.post(f"/v1/runs/{run_id}/cancel", json={})
     await client.close()
 
     client2 = await start(data_dir=data_dir)
@@ -286,7 +286,7 @@ async def test_workspace_stream_resumes_with_last_event_id_across_restarts(
         third = await after_restart.until(changed("notes/three.md"))
         assert int(third["id"]) > int(second["id"]), "seqs continue after a restart, never reused"
         assert not any(changed("notes/one.md")(e) for e in after_restart.events)
-    await client2.post(f"/v1/runs/{run2}/cancel")
+    await client2.post(f"/v1/runs/{run2}/cancel", json={})
 
 
 async def test_watching_stops_when_no_run_of_the_workspace_is_active(
@@ -299,7 +299,7 @@ async def test_watching_stops_when_no_run_of_the_workspace_is_active(
     assert gw.watcher.watching(WS) == (str((workspace / "notes").resolve()),)
     watch_task = gw.watcher._watches[WS].task
     assert watch_task is not None
-    await client.post(f"/v1/runs/{run_id}/cancel")
+    await client.post(f"/v1/runs/{run_id}/cancel", json={})
     await gw.runs.wait(run_id)
     async with asyncio.timeout(WAIT):
         await asyncio.gather(watch_task, return_exceptions=True)  # ends once the linger is over
