@@ -39,6 +39,9 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     for key in ("max_body_bytes", "heartbeat_seconds", "stream_buffer_events", "journal_batch_events"):
         if section[key] <= 0:
             problems.append((key, "must be positive"))
+    public_url = section["public_url"]
+    if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
+        problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
     return problems
 
 
@@ -76,6 +79,7 @@ CORE_SECTIONS = [
             "stream_buffer_events": 1024,
             "journal_batch_events": 5000,
             "run_timeout_seconds": 3600.0,
+            "public_url": "",
         },
         _validate_gateway,
         "Listening address, data directory, limits.",
@@ -231,6 +235,15 @@ def _type_ok(value: Any, expected: type) -> bool:
     if expected is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, expected)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) masked, for messages and logs."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url
 
 
 def _parse_env_value(value: str) -> Any:
