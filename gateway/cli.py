@@ -121,8 +121,8 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
             raise click.ClickException(
                 f"cannot listen on {gw['host']}:{gw['port']}: {reason} (choose another --port)"
             ) from exc
-        server = site._server
-        port = server.sockets[0].getsockname()[1] if server and server.sockets else gw["port"]  # type: ignore[union-attr]
+        addresses = runner.addresses  # the bound sockets: the port `--port 0` got
+        port = int(addresses[0][1]) if addresses else gw["port"]
         shown_host = f"[{gw['host']}]" if ":" in gw["host"] else gw["host"]  # IPv6 literals need brackets
         url = f"http://{shown_host}:{port}"
         # What agents' MCP clients call back: the configured public URL, else where we listen
@@ -294,7 +294,7 @@ def _print_event(event: dict[str, Any], out: Callable[[str], Any], raw: bool) ->
     elif kind in ("context.warning",):
         out(f"\n[warning: {event['payload'].get('message')}]\n")
     if kind in ("run.completed", "run.failed", "run.cancelled", "run.interrupted"):
-        return kind.split(".", 1)[1]
+        return str(kind).split(".", 1)[1]
     return None
 
 

@@ -151,9 +151,7 @@ class PluginHost:
     def runtimes(self, config: Config) -> list[Runtime]:
         return self._collect(self.pm.hook.register_runtimes, config=config)
 
-    def negotiate_runtime_policy(
-        self, agent_id: str, policy: RuntimePolicy, initialize_result: dict[str, Any]
-    ) -> None:
+    def negotiate_runtime_policy(self, agent_id: str, policy: RuntimePolicy, initialize_result: dict[str, Any]) -> None:
         self.pm.hook.negotiate_runtime_policy(agent_id=agent_id, policy=policy, initialize_result=initialize_result)
 
     def session_strategy(self, runtime: Runtime, config: Config | None) -> SessionStrategy | None:

@@ -6,6 +6,7 @@ It answers ``storage_backend`` for ``sqlite://``, ``postgres://`` and ``postgres
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
 from agent_gateway import PluginError, hookimpl
@@ -22,7 +23,7 @@ def storage_backend(url: str, config: Any) -> PeeweeStorage | None:
         return None
     if url_scheme(url) in POSTGRES_SCHEMES:
         try:
-            import psycopg2  # noqa: F401  (peewee's PostgreSQL driver, an optional extra)
+            import_module("psycopg2")  # peewee's PostgreSQL driver, an optional extra
         except ImportError as exc:
             raise PluginError(
                 "a postgresql:// storage URL needs the PostgreSQL driver (psycopg2), which is not installed: "
