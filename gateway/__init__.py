@@ -42,6 +42,8 @@ _EXPORTS: dict[str, str] = {
     "Config": "agent_gateway.config",
     "ApiError": "agent_gateway.errors",
     "PluginError": "agent_gateway.plugin_host",
+    # the door plugin routes go through (register_routes)
+    "PluginRoutes": "agent_gateway.plugin_routes",
     # helpers for runtime, tool and route plugins
     "SHORT_REPLY_WARNING": "agent_gateway.sessions",
     "cold_resume_packet": "agent_gateway.sessions",
@@ -91,6 +93,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "Config",
     "ApiError",
     "PluginError",
+    "PluginRoutes",
     "SHORT_REPLY_WARNING",
     "cold_resume_packet",
     "has_context",
@@ -130,6 +133,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         write_file_atomically,
     )
     from agent_gateway.plugin_host import PluginError
+    from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
     from agent_gateway.sessions import (
         SHORT_REPLY_WARNING,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from aiohttp import web
 from agent_gateway.auth import actor_for_token
 from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
-from agent_gateway.config import Config, section_specs_from_hook
+from agent_gateway.config import Config, redact_url, section_specs_from_hook
 from agent_gateway.errors import ApiError, json_errors
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
@@ -22,6 +23,7 @@ from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
 from agent_gateway.plugin_host import PluginError, PluginHost
+from agent_gateway.plugin_routes import PluginRoutes
 from agent_gateway.routes import agents, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
 from agent_gateway.runs import RunManager
@@ -33,8 +35,13 @@ from agent_gateway.watcher import Watcher
 log = logging.getLogger("agent_gateway.app")
 
 LOCAL_ACTOR = "local"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH})
 METRICS_PATH = "/metrics"
+
+
+class StartupError(Exception):
+    """The gateway could not start (storage could not be opened, ...): a one-line reason."""
 
 
 class Gateway:
@@ -51,9 +58,17 @@ class Gateway:
         self.public_metrics = bool(config.section("auth")["public_metrics"])
         self.data_dir: Path = config.data_dir
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="storage")
-        storage = plugins.storage_backend(config.storage_url, config)
+        try:
+            storage = plugins.storage_backend(config.storage_url, config)
+        except PluginError:
+            raise
+        except Exception as exc:  # e.g. a malformed URL: say which setting, not a traceback
+            raise StartupError(f"storage {redact_url(config.storage_url)}: {type(exc).__name__}: {exc}") from exc
         if storage is None:
-            raise PluginError(f"no storage plugin handles {config.storage_url!r}")
+            raise PluginError(
+                f"no storage plugin handles {redact_url(config.storage_url)!r} ([storage] url; the built-in "
+                "journal handles sqlite:// and postgresql://)"
+            )
         self.storage = storage
         self.bus = Bus()
         self.journal = Journal(
@@ -74,8 +89,8 @@ class Gateway:
             if strategy is not None:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()
-        # OpenAPI path items of plugin routes, merged into /openapi.json.
-        self.openapi_paths: dict[str, Any] = {}
+        # What plugin routes were given (register_routes); create_app sets it.
+        self.plugin_routes: PluginRoutes | None = None
         self.tools = ToolFacade(
             [*plugins.tools(config), *FS_TOOLS],
             plugins,
@@ -96,6 +111,11 @@ class Gateway:
             "files": AgentFiles(self.tools),
         }
         self.services["mcp_servers_for"] = mcp_servers_for(self)
+        # Where agents call back (MCP). Never taken from a request's Host header: the configured
+        # public URL, else the launcher sets the listening URL, else (an embedding app's own
+        # runner) the local address of the first accepted connection. The key is always present,
+        # so nothing may fill it in with `setdefault` from a request.
+        self.services["base_url"] = str(gw["public_url"]).rstrip("/") or None
         self.runs = RunManager(
             storage,
             self.journal,
@@ -119,9 +139,28 @@ class Gateway:
             raise ApiError(401, "unauthorized", "unknown token")
         return actor
 
+    def set_public_url(self, url: str) -> None:
+        """The base URL agents' MCP clients call back on (see ``[gateway] public_url``)."""
+        self.services["base_url"] = url.rstrip("/")
+
+    def learn_listening_address(self, request: web.Request) -> None:
+        """With no public URL yet, take the local address the connection was accepted on (the
+        listening socket's, never the client-controlled Host header)."""
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        if not isinstance(sockname, tuple) or len(sockname) < 2:
+            return
+        host, port = str(sockname[0]), int(sockname[1])
+        self.set_public_url(f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}")
+
     async def start(self, app: web.Application) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        await asyncio.get_running_loop().run_in_executor(self.executor, self.storage.open)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.storage.open)
+        except Exception as exc:
+            raise StartupError(
+                f"storage {redact_url(self.config.storage_url)} could not be opened: {type(exc).__name__}: "
+                + " ".join(str(exc).split())
+            ) from exc
         await self.journal.start()
         interrupted = await self.runs.recover()
         await self.watcher.start()
@@ -138,6 +177,8 @@ class Gateway:
             except Exception:
                 log.exception("runtime %s failed to close", runtime.agent_id)
         await self.plugins.shutdown(app)
+        if self.plugin_routes is not None:
+            await self.plugin_routes.shutdown()
         await self.journal.close()
         loop = asyncio.get_running_loop()
         # A cancelled await does not stop its worker thread: let every storage call still running
@@ -154,8 +195,10 @@ def gateway_of(request: web.Request) -> Gateway:
 
 
 @web.middleware
-async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse:
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     gateway = request.app[GATEWAY_KEY]
+    if gateway.services.get("base_url") is None:
+        gateway.learn_listening_address(request)
     if request.path not in PUBLIC_PATHS and not (request.path == METRICS_PATH and gateway.public_metrics):
         request["actor"] = gateway.actor_for(request)
     return await handler(request)
@@ -182,15 +225,17 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     )
     app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
+    plugin_routes = gateway.plugin_routes = PluginRoutes(gateway, app.router)
     runs.setup(app, gateway)
     agents.setup(app, gateway)
-    system.setup(app, gateway)
+    system.setup(app, gateway, plugin_routes.openapi_paths)
     receipts.setup(app, gateway)
     metrics.setup(app, gateway)
     workspaces.setup(app, gateway)
     mcp_http.setup(app, gateway)
     preferences_routes.setup(app, gateway)
-    plugins.register_routes(app, gateway)
+    plugins.register_routes(plugin_routes)  # after the core's: a plugin cannot take a core path
+    plugin_routes.close()
     app.on_startup.append(gateway.start)
     app.on_cleanup.append(gateway.stop)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
 import os
@@ -15,8 +16,8 @@ import aiohttp
 import click
 from aiohttp import web
 
-from agent_gateway.app import GATEWAY_KEY, create_app, is_loopback
-from agent_gateway.config import Config, ConfigError, section_specs_from_hook
+from agent_gateway.app import GATEWAY_KEY, StartupError, create_app, is_loopback
+from agent_gateway.config import Config, ConfigError, redact_url, section_specs_from_hook
 from agent_gateway.logs import configure as configure_logging
 from agent_gateway.mcp.bridge import add_commands as add_mcp_commands
 from agent_gateway.plugin_host import PluginError, PluginHost
@@ -102,41 +103,46 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
         fake = FakeOpenAI(default=Reply(DEMO_REPLY, chunk_size=6, delay=0.03))
         base_url = await fake.start()
         config.env_overrides.setdefault("chat_only", {}).update({"base_url": base_url, "model": "m"})
-    app = create_app(config, plugins)
-    runner = web.AppRunner(app, handle_signals=False)
-    await runner.setup()
-    tune_gc_for_serving()
     gw = config.section("gateway")
-    site = web.TCPSite(runner, gw["host"], gw["port"])
-    await site.start()
-    server = site._server
-    port = server.sockets[0].getsockname()[1] if server and server.sockets else gw["port"]  # type: ignore[union-attr]
-    shown_host = f"[{gw['host']}]" if ":" in gw["host"] else gw["host"]  # IPv6 literals need brackets
-    url = f"http://{shown_host}:{port}"
-    app[GATEWAY_KEY].services["base_url"] = url  # what agents' MCP clients call back
-    click.echo(f"agent-gateway listening on {url}", err=False)
-    click.echo(f"data directory: {config.data_dir}  storage: {_redact(config.storage_url)}")
-    sys.stdout.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    runner: web.AppRunner | None = None
     try:
+        try:
+            app = create_app(config, plugins)
+            starting = web.AppRunner(app, handle_signals=False)
+            await starting.setup()  # opens storage: a failure here has nothing to clean up
+            runner = starting
+            tune_gc_for_serving()
+            site = web.TCPSite(runner, gw["host"], gw["port"])
+            await site.start()
+        except (PluginError, StartupError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        except OSError as exc:  # binding the listening socket
+            reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise click.ClickException(
+                f"cannot listen on {gw['host']}:{gw['port']}: {reason} (choose another --port)"
+            ) from exc
+        addresses = runner.addresses  # the bound sockets: the port `--port 0` got
+        port = int(addresses[0][1]) if addresses else gw["port"]
+        shown_host = f"[{gw['host']}]" if ":" in gw["host"] else gw["host"]  # IPv6 literals need brackets
+        url = f"http://{shown_host}:{port}"
+        # What agents' MCP clients call back: the configured public URL, else where we listen
+        # (never a request's Host header).
+        app[GATEWAY_KEY].set_public_url(gw["public_url"] or url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # before the URL is printed: a caller may stop us then
+            loop.add_signal_handler(sig, stop.set)
+        click.echo(f"agent-gateway listening on {url}", err=False)
+        click.echo(f"data directory: {config.data_dir}  storage: {redact_url(config.storage_url)}")
+        sys.stdout.flush()
         if demo:
             await _demo(url)
         await stop.wait()
     finally:
-        await runner.cleanup()
+        if runner is not None:
+            await runner.cleanup()
         if fake is not None:
             await fake.stop()
-
-
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
-    return url
 
 
 async def _demo(url: str) -> None:
@@ -288,7 +294,7 @@ def _print_event(event: dict[str, Any], out: Callable[[str], Any], raw: bool) ->
     elif kind in ("context.warning",):
         out(f"\n[warning: {event['payload'].get('message')}]\n")
     if kind in ("run.completed", "run.failed", "run.cancelled", "run.interrupted"):
-        return kind.split(".", 1)[1]
+        return str(kind).split(".", 1)[1]
     return None
 
 
@@ -319,13 +325,25 @@ def config_group() -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False))
 def config_check(config_path: str | None) -> None:
     """Report every problem as `file: key: what is wrong`; exit 1 if there is any."""
-    config, _ = _load(config_path)
-    problems = config.problems()
+    config, plugins = _load(config_path)
+    problems = config.problems() + _storage_problems(config, plugins)
     for problem in problems:
         click.echo(problem)
     if problems:
         sys.exit(1)
     click.echo(f"{config.path or '<defaults>'}: ok")
+
+
+def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
+    """Whether a storage plugin takes ``[storage] url`` (without opening it)."""
+    where = f"{config.path or '<defaults>'}: storage.url"
+    try:
+        storage = plugins.storage_backend(config.storage_url, config)
+    except Exception as exc:  # the plugin's own reason, e.g. a missing driver
+        return [f"{where}: {' '.join(str(exc).split())}"]
+    if storage is None:
+        return [f"{where}: no storage plugin handles {redact_url(config.storage_url)!r}"]
+    return []
 
 
 @config_group.command("show")
@@ -347,8 +365,9 @@ def main() -> None:
     try:
         host = PluginHost.load()
         host.register_commands(cli)
-    except PluginError as exc:
-        click.echo(f"error: {exc}", err=True)
+    except PluginError as exc:  # one line, no traceback: the message names the plugin
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
     cli()
 
 

@@ -44,6 +44,9 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     for origin in section["cors_origins"]:
         if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.count("/") != 2:
             problems.append(("cors_origins", f"{origin!r} is not an origin like https://app.example:8443"))
+    public_url = section["public_url"]
+    if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
+        problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
     return problems
 
 
@@ -83,6 +86,7 @@ CORE_SECTIONS = [
             "run_timeout_seconds": 3600.0,
             "allowed_hosts": [],
             "cors_origins": [],
+            "public_url": "",
         },
         _validate_gateway,
         "Listening address, data directory, limits.",
@@ -238,6 +242,15 @@ def _type_ok(value: Any, expected: type) -> bool:
     if expected is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, expected)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) masked, for messages and logs."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        return f"{scheme}://{creds.split(':')[0]}:***@{host}" if ":" in creds else url
+    return url
 
 
 def _parse_env_value(value: str) -> Any:

@@ -1,7 +1,10 @@
 """A typed facade over the pluggy plugin manager: core code asks this, never `pm.hook`.
 
-Environment switches (read when plugins are loaded):
-- ``AGENT_GATEWAY_LOAD_PLUGINS=a,b``: load only these entry-point names (empty: load none).
+Built-in plugins (the entry points of the ``agent-gateway`` distribution itself: ``core``,
+``journal_peewee``, ``chat_only``, ...) always load. Environment switches (read when plugins are
+loaded):
+- ``AGENT_GATEWAY_LOAD_PLUGINS=a,b``: load only these *third-party* entry-point names (empty: no
+  third-party plugin). Unset: every installed plugin.
 - ``AGENT_GATEWAY_TRACE_HOOKS=1``: log every hook call and result to stderr.
 """
 
@@ -10,20 +13,36 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
+from pluggy import HookCaller, HookImpl, Result
 
 from agent_gateway.hookspecs import PROJECT_NAME, SPEC_MODULES
+from agent_gateway.hookspecs.projection import Projection
+
+if TYPE_CHECKING:
+    import click
+    from aiohttp import web
+
+    from agent_gateway.config import Config
+    from agent_gateway.plugin_routes import PluginRoutes
+    from agent_gateway.runtime import Runtime, RuntimePolicy
+    from agent_gateway.sessions import SessionStrategy
+    from agent_gateway.storage import Storage
+    from agent_gateway.tools import Tool, ToolCall
 
 log = logging.getLogger("agent_gateway.plugin_host")
 
 ENTRY_POINT_GROUP = PROJECT_NAME
+# The distribution whose entry points are the built-in plugins (compared normalised, PEP 503).
+BUILTIN_DISTRIBUTION = "agent-gateway"
 LOAD_ENV = "AGENT_GATEWAY_LOAD_PLUGINS"
 TRACE_ENV = "AGENT_GATEWAY_TRACE_HOOKS"
 
@@ -47,27 +66,44 @@ class PluginHost:
 
     # -- loading ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, extra: tuple[object, ...] = ()) -> PluginHost:
+    def load(
+        cls,
+        env: Mapping[str, str] | None = None,
+        extra: tuple[object, ...] = (),
+        *,
+        builtins: bool | Collection[str] = True,
+    ) -> PluginHost:
         """Load plugins from the ``agent_gateway`` entry-point group, plus ``extra`` objects
-        (tests register plugins this way)."""
+        (tests register plugins this way).
+
+        Built-in plugins always load unless ``builtins`` says otherwise: False loads none of
+        them, a collection of names loads only those (tests that want a bare or partial host).
+        ``AGENT_GATEWAY_LOAD_PLUGINS`` in ``env`` filters third-party plugins only."""
         env = os.environ if env is None else env
         pm = pluggy.PluginManager(PROJECT_NAME)
         for module in SPEC_MODULES:
             pm.add_hookspecs(module)
         host = cls(pm)
         wanted = env.get(LOAD_ENV)
-        allowed = None if wanted is None else {n.strip() for n in wanted.split(",") if n.strip()}
+        third_party = None if wanted is None else {n.strip() for n in wanted.split(",") if n.strip()}
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if allowed is not None and ep.name not in allowed:
+            dist = getattr(ep, "dist", None)
+            if is_builtin(ep):
+                if builtins is False or (builtins is not True and ep.name not in builtins):
+                    continue
+            elif third_party is not None and ep.name not in third_party:
                 continue
             if pm.get_plugin(ep.name) is not None:
                 continue
             try:
                 plugin = ep.load()
             except Exception as exc:  # a broken third-party plugin must name itself
-                raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to import: {exc}") from exc
+                origin = f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+                raise PluginError(
+                    f"plugin {ep.name!r} ({ep.value}, from {origin}) failed to import: "
+                    f"{type(exc).__name__}: {one_line(str(exc))}"
+                ) from exc
             _register(pm, plugin, ep.name)
-            dist = getattr(ep, "dist", None)
             host._dists[ep.name] = (dist.name if dist else None, dist.version if dist else None)
         for plugin in extra:
             _register(pm, plugin, None)
@@ -77,11 +113,13 @@ class PluginHost:
         return host
 
     def enable_tracing(self) -> None:
-        def before(hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+        def before(hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, object]) -> None:
             names = ", ".join(self.pm.get_name(i.plugin) or "?" for i in impls)
             print(f"[hook] {hook_name}({', '.join(kwargs)}) -> {names}", file=sys.stderr)
 
-        def after(outcome: Any, hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+        def after(
+            outcome: Result[object], hook_name: str, impls: Sequence[HookImpl], kwargs: Mapping[str, object]
+        ) -> None:
             print(f"[hook] {hook_name} returned {outcome.get_result()!r:.200}", file=sys.stderr)
 
         self.pm.add_hookcall_monitoring(before, after)
@@ -105,61 +143,65 @@ class PluginHost:
         return infos
 
     # -- hook calls, one typed method per hook -------------------------------------------------
-    def _collect(self, hook: Callable[..., Any], **kwargs: Any) -> list[Any]:
+    def _collect(self, hook: HookCaller, **kwargs: object) -> list[Any]:
         items: list[Any] = []
         hook(register=items.append, **kwargs)
         return items
 
-    def runtimes(self, config: Any) -> list[Any]:
+    def runtimes(self, config: Config) -> list[Runtime]:
         return self._collect(self.pm.hook.register_runtimes, config=config)
 
-    def negotiate_runtime_policy(self, agent_id: str, policy: Any, initialize_result: dict[str, Any]) -> None:
+    def negotiate_runtime_policy(self, agent_id: str, policy: RuntimePolicy, initialize_result: dict[str, Any]) -> None:
         self.pm.hook.negotiate_runtime_policy(agent_id=agent_id, policy=policy, initialize_result=initialize_result)
 
-    def session_strategy(self, runtime: Any, config: Any) -> Any:
-        return self.pm.hook.session_strategy(runtime=runtime, config=config)
+    def session_strategy(self, runtime: Runtime, config: Config | None) -> SessionStrategy | None:
+        strategy: SessionStrategy | None = self.pm.hook.session_strategy(runtime=runtime, config=config)
+        return strategy
 
-    def tools(self, config: Any) -> list[Any]:
+    def tools(self, config: Config) -> list[Tool]:
         return self._collect(self.pm.hook.register_tools, config=config)
 
-    def tool_call_veto(self, call: Any) -> str | None:
-        return self.pm.hook.tool_call_veto(call=call)
+    def tool_call_veto(self, call: ToolCall) -> str | None:
+        reason: str | None = self.pm.hook.tool_call_veto(call=call)
+        return reason
 
-    def tool_call_completed(self, call: Any, receipt: dict[str, Any]) -> None:
+    def tool_call_completed(self, call: ToolCall, receipt: dict[str, Any]) -> None:
         self.pm.hook.tool_call_completed(call=call, receipt=receipt)
 
-    def storage_backend(self, url: str, config: Any) -> Any:
-        return self.pm.hook.storage_backend(url=url, config=config)
+    def storage_backend(self, url: str, config: Config | None) -> Storage | None:
+        storage: Storage | None = self.pm.hook.storage_backend(url=url, config=config)
+        return storage
 
-    def projections(self) -> dict[str, Callable[[Any], Any]]:
-        found: dict[str, Callable[[Any], Any]] = {}
+    def projections(self) -> dict[str, Projection]:
+        found: dict[str, Projection] = {}
 
-        def register(name: str, project: Callable[[Any], Any]) -> None:
+        def register(name: str, project: Projection) -> None:
             found.setdefault(name, project)  # first registered (the overriding plugin) wins
 
         self.pm.hook.register_projections(register=register)
         return found
 
     def config_sections(self) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        """Each ``register(...)`` call's positional and keyword arguments, in call order."""
         sections: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
         self.pm.hook.config_sections(register=lambda *a, **kw: sections.append((a, kw)))
         return sections
 
-    def register_routes(self, app: Any, gateway: Any) -> None:
-        self.pm.hook.register_routes(app=app, gateway=gateway)
+    def register_routes(self, routes: PluginRoutes) -> None:
+        self.pm.hook.register_routes(routes=routes)
 
-    def setting_fields(self, config: Any) -> list[Any]:
+    def setting_fields(self, config: Config) -> list[dict[str, Any]]:
         return self._collect(self.pm.hook.register_setting_fields, config=config)
 
-    def register_commands(self, cli: Any) -> None:
+    def register_commands(self, cli: click.Group) -> None:
         self.pm.hook.register_commands(cli=cli)
 
-    async def startup(self, app: Any) -> None:
+    async def startup(self, app: web.Application) -> None:
         for result in self.pm.hook.gateway_startup(app=app):
             if inspect.isawaitable(result):
                 await result
 
-    async def shutdown(self, app: Any) -> None:
+    async def shutdown(self, app: web.Application) -> None:
         for result in self.pm.hook.gateway_shutdown(app=app):
             if inspect.isawaitable(result):
                 await result
@@ -182,6 +224,19 @@ def _check_pending(pm: pluggy.PluginManager) -> None:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         raise PluginError(f"unknown hook implemented: {exc}") from exc
+
+
+def is_builtin(ep: metadata.EntryPoint) -> bool:
+    """True for an entry point of the ``agent-gateway`` distribution itself."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:  # no metadata to go by: our own modules are built-ins
+        return ep.value.split(":", 1)[0].startswith(f"{PROJECT_NAME}.")
+    return re.sub(r"[-_.]+", "-", dist.name).lower() == BUILTIN_DISTRIBUTION
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (launcher errors are one line)."""
+    return " ".join(text.split())
 
 
 def plugin_module_name(plugin: ModuleType | object) -> str:

@@ -2,31 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from agent_gateway.hookspecs import hookspec
+from agent_gateway.hookspecs.markers import hookspec
+
+if TYPE_CHECKING:
+    import click
+    from aiohttp import web
+
+    from agent_gateway.config import Validator
+
+
+class RegisterSection(Protocol):
+    """The ``register`` argument of :func:`config_sections`."""
+
+    def __call__(
+        self, name: str, defaults: dict[str, Any], validate: Validator | None = None, doc: str = ""
+    ) -> None: ...
 
 
 @hookspec
-def config_sections(register: Callable[..., None]) -> None:
+def config_sections(register: RegisterSection) -> None:
     """Declare configuration sections.
 
     Call ``register(name, defaults, validate=None, doc="")``: ``defaults`` is a dict of every
     key with its default value (its type is the expected type); ``validate(section)`` may return
     a list of ``(key, problem)`` pairs for problems beyond types. Unknown keys and wrong types
-    are reported by ``agent-gateway config check`` as ``file: section.key: problem``.
+    are reported by ``agent-gateway config check`` as ``file: section.key: problem``; the
+    section is then read with :meth:`agent_gateway.Config.section`.
     Called when configuration is loaded, before anything else.
     """
 
 
 @hookspec
-def register_commands(cli: Any) -> None:
+def register_commands(cli: click.Group) -> None:
     """Add commands to the ``agent-gateway`` click group ``cli``. Called when the launcher starts."""
 
 
 @hookspec
-def gateway_startup(app: Any) -> None:
+def gateway_startup(app: web.Application) -> Awaitable[None] | None:
     """The aiohttp app is starting; ``app`` is the :class:`aiohttp.web.Application`.
 
     Return nothing, or an awaitable the core awaits (for example to start a watcher).
@@ -34,5 +49,5 @@ def gateway_startup(app: Any) -> None:
 
 
 @hookspec
-def gateway_shutdown(app: Any) -> None:
+def gateway_shutdown(app: web.Application) -> Awaitable[None] | None:
     """The app is stopping. Return nothing, or an awaitable the core awaits."""

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent_gateway.hookspecs import hookspec
+from agent_gateway.hookspecs.markers import hookspec
+
+if TYPE_CHECKING:
+    from agent_gateway.config import Config
 
 
 @hookspec
-def register_setting_fields(register: Callable[[dict[str, Any]], None], config: Any) -> None:
+def register_setting_fields(register: Callable[[dict[str, Any]], None], config: Config) -> None:
     """Declare settings fields; they appear in ``GET /v1/agents`` descriptors and are what
-    ``PUT /v1/preferences`` accepts.
+    ``PUT /v1/preferences`` accepts. ``config`` is the loaded :class:`agent_gateway.Config`.
 
     Call ``register(field)`` with a dict:
 

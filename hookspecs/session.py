@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from agent_gateway.hookspecs import hookspec
+from agent_gateway.hookspecs.markers import hookspec
+
+if TYPE_CHECKING:
+    from agent_gateway.config import Config
+    from agent_gateway.runtime import Runtime
+    from agent_gateway.sessions import SessionStrategy
 
 
 @hookspec(firstresult=True)
-def session_strategy(runtime: Any, config: Any) -> Any:
+def session_strategy(runtime: Runtime, config: Config) -> SessionStrategy | None:
     """Return the session strategy for ``runtime``, or None to leave it to another plugin.
 
     A strategy decides, for each run, whether to reuse a live binding (``native_live``), load
     the agent's session (``loaded``), or start a new one with a cold-resume packet
-    (``cold_resumed`` / ``new_session``); see :class:`gateway.sessions.SessionStrategy`.
+    (``cold_resumed`` / ``new_session``); see :class:`agent_gateway.SessionStrategy`.
     First non-None result wins; the built-in default is ``trylast``.
 
     Called once per runtime when the app is created.

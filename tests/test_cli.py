@@ -264,11 +264,15 @@ async def test_plugins_lists_builtins_with_distribution_and_hooks(tmp_path: Path
     assert "storage_backend" in infos["journal_peewee"]["hooks"]
 
 
-async def test_plugins_honours_load_plugins_env(tmp_path: Path) -> None:
-    env = clean_env(tmp_path, AGENT_GATEWAY_LOAD_PLUGINS="core")
+async def test_plugins_load_plugins_env_never_drops_builtins(tmp_path: Path) -> None:
+    everything = clean_env(tmp_path)
+    rc, out, err = await run_cli("plugins", "--json", env=everything, cwd=tmp_path)
+    assert rc == 0, err
+    builtins = [info["name"] for info in json.loads(out) if info["distribution"] == "agent-gateway"]
+    env = clean_env(tmp_path, AGENT_GATEWAY_LOAD_PLUGINS="core")  # names no third-party plugin
     rc, out, err = await run_cli("plugins", "--json", env=env, cwd=tmp_path)
     assert rc == 0, err
-    assert [info["name"] for info in json.loads(out)] == ["core"]
+    assert [info["name"] for info in json.loads(out)] == builtins
 
 
 # -- runs tail / runs send --------------------------------------------------------------------------

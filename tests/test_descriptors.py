@@ -41,7 +41,7 @@ SECRET_VALUE = "sk-very-secret-value-4242"
 def plugin_host(*extra: object) -> PluginHost:
     """The built-in plugins plus lightrag and ``extra``, with the two new hook families declared
     even before hookspecs/__init__.py lists them."""
-    host = PluginHost.load(env={"AGENT_GATEWAY_LOAD_PLUGINS": BASE_PLUGINS})
+    host = PluginHost.load(env={}, builtins=BASE_PLUGINS.split(","))
     for spec in (descriptor_specs, route_specs):
         if spec not in hookspecs.SPEC_MODULES:
             host.pm.add_hookspecs(spec)

@@ -1,6 +1,6 @@
 """One test per hook of the `agent_gateway` contract (hookspecs/), through the PluginHost facade,
 asserting what a user of the gateway would see; plus the facade's own rules: unknown hooks are
-rejected at load, AGENT_GATEWAY_LOAD_PLUGINS restricts entry points, AGENT_GATEWAY_TRACE_HOOKS
+rejected at load, built-ins always load (AGENT_GATEWAY_LOAD_PLUGINS filters third-party ones), AGENT_GATEWAY_TRACE_HOOKS
 traces calls, and the built-in defaults are trylast so any plugin can override them.
 
 The core does not call the tool hooks (`register_tools`, `tool_call_veto`, `tool_call_completed`)
@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from conftest import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
@@ -26,6 +27,7 @@ from conftest import events_page, gateway_of, read_stream, run_body, run_to_end,
 import agent_gateway.builtin
 import agent_gateway.cli
 import agent_gateway.plugins.journal_peewee
+from agent_gateway import PluginRoutes
 from agent_gateway.app import create_app
 from agent_gateway.cli import cli
 from agent_gateway.config import Config, section_specs_from_hook
@@ -131,7 +133,7 @@ def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> N
             if agent_id == "hermes":
                 policy.extra["promptQueue"] = "agent"
 
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(FromInitialize(), SiteRule()))
+    host = PluginHost.load(env={}, builtins=False, extra=(FromInitialize(), SiteRule()))
     policy = RuntimePolicy()
     answer = {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {"resume": {}, "list": {}}}}
     assert host.negotiate_runtime_policy("hermes", policy, answer) is None
@@ -180,7 +182,7 @@ def test_builtin_session_strategy_is_trylast_so_any_plugin_overrides_it() -> Non
     """The plugin is registered *before* the core here: without trylast, pluggy would call the
     core (registered later) first and its default would win."""
     strategy = FixedStrategy()
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(StrategyPlugin(strategy), agent_gateway.builtin))
+    host = PluginHost.load(env={}, builtins=False, extra=(StrategyPlugin(strategy), agent_gateway.builtin))
     assert host.session_strategy(EchoRuntime(), None) is strategy
     default = host.session_strategy(EchoRuntime("other"), None)
     assert type(default).__name__ == "TranscriptStrategy"
@@ -221,7 +223,7 @@ def test_register_tools_collects_every_plugins_tools() -> None:
             if config["knowledge"]:
                 register(Tool("knowledge_rag.query"))
 
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(Workspace(), Knowledge()))
+    host = PluginHost.load(env={}, builtins=False, extra=(Workspace(), Knowledge()))
     names = sorted(t.name for t in host.tools({"knowledge": True}))
     assert names == ["knowledge_rag.query", "workspace.patch_file", "workspace.read_file"]
     assert sorted(t.name for t in host.tools({"knowledge": False})) == ["workspace.patch_file", "workspace.read_file"]
@@ -243,7 +245,7 @@ def test_tool_call_veto_first_reason_wins() -> None:
             asked.append("friday")
             return "no writes on Friday" if call["tool"].endswith("patch_file") else None
 
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(Allow(), NoWritesOnFriday()))
+    host = PluginHost.load(env={}, builtins=False, extra=(Allow(), NoWritesOnFriday()))
     assert host.tool_call_veto({"tool": "workspace.read_file"}) is None
     assert sorted(asked) == ["allow", "friday"]  # nobody vetoed: all were asked
     asked.clear()
@@ -265,7 +267,7 @@ def test_tool_call_completed_every_observer_sees_the_receipt() -> None:
         def tool_call_completed(self, call: Any, receipt: dict[str, Any]) -> None:
             seen.append(("metrics", call["tool"], receipt["allowed"]))
 
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(Audit(), Metrics()))
+    host = PluginHost.load(env={}, builtins=False, extra=(Audit(), Metrics()))
     host.tool_call_completed({"tool": "workspace.patch_file"}, {"allowed": False, "reason": "vetoed"})
     assert sorted(seen) == [("audit", "workspace.patch_file", False), ("metrics", "workspace.patch_file", False)]
 
@@ -308,7 +310,7 @@ async def test_storage_backend_plugin_overrides_the_trylast_default(make_gateway
 def test_builtin_storage_is_trylast_and_unknown_schemes_are_a_clear_error(tmp_path: Path) -> None:
     plugin = StoragePlugin()
     # The plugin registered before the built-in journal still wins: the journal is trylast.
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(plugin, agent_gateway.plugins.journal_peewee))
+    host = PluginHost.load(env={}, builtins=False, extra=(plugin, agent_gateway.plugins.journal_peewee))
     assert isinstance(host.storage_backend(f"sqlite:///{tmp_path}/x.db", None), CountingStorage)
     # A scheme nobody handles.
     host = PluginHost.load(env={}, extra=())
@@ -535,7 +537,7 @@ def test_unknown_hook_is_rejected_at_load() -> None:
 
     with pytest.raises(PluginError, match=r"unknown hook implemented: .*register_runtime"):
         PluginHost.load(env={}, extra=(Typo(),))
-    host = PluginHost.load(env={LOAD_ENV: ""})
+    host = PluginHost.load(env={}, builtins=False)
     with pytest.raises(PluginError, match="register_runtime"):
         host.register(Typo(), name="typo")
     assert host.pm.get_plugin("typo") is None  # not left half-registered
@@ -551,14 +553,17 @@ def test_hook_with_an_argument_the_spec_lacks_is_rejected_at_load() -> None:
         PluginHost.load(env={}, extra=(WrongArgs(),))
 
 
-def test_load_plugins_env_restricts_entry_points() -> None:
+def test_builtins_always_load_and_load_plugins_filters_third_party_only() -> None:
     names = lambda host: {info.name for info in host.plugins()}  # noqa: E731
     assert BUILTIN_NAMES <= names(PluginHost.load(env={}))
-    assert names(PluginHost.load(env={LOAD_ENV: "core"})) == {"core"}
-    assert names(PluginHost.load(env={LOAD_ENV: " core , chat_only ,"})) == {"core", "chat_only"}
-    assert names(PluginHost.load(env={LOAD_ENV: ""})) == set()
-    # In-process plugins are not entry points: the switch does not drop them.
-    host = PluginHost.load(env={LOAD_ENV: ""}, extra=(RuntimePlugin(),))
+    # The switch names third-party plugins: the built-ins stay whatever it says.
+    assert BUILTIN_NAMES <= names(PluginHost.load(env={LOAD_ENV: "core"}))
+    assert BUILTIN_NAMES <= names(PluginHost.load(env={LOAD_ENV: ""}))
+    # A bare or partial host is an explicit choice of the caller (tests), not an env var.
+    assert names(PluginHost.load(env={}, builtins={"core", "chat_only"})) == {"core", "chat_only"}
+    assert names(PluginHost.load(env={}, builtins=False)) == set()
+    # In-process plugins are not entry points: neither switch drops them.
+    host = PluginHost.load(env={LOAD_ENV: ""}, builtins=False, extra=(RuntimePlugin(),))
     assert [info.hooks for info in host.plugins()] == [("register_runtimes",)]
 
 
@@ -573,7 +578,7 @@ def test_plugins_lists_distribution_and_hooks() -> None:
 
 
 def test_trace_hooks_env_prints_every_call_to_stderr(capsys: Any, tmp_path: Path) -> None:
-    host = PluginHost.load(env={TRACE_ENV: "1", LOAD_ENV: "core"}, extra=(RuntimePlugin(),))
+    host = PluginHost.load(env={TRACE_ENV: "1"}, builtins={"core"}, extra=(RuntimePlugin(),))
     runtimes = host.runtimes(config_with(tmp_path))
     assert [r.agent_id for r in runtimes] == ["hook-echo"]
     host.session_strategy(runtimes[0], None)
@@ -583,14 +588,14 @@ def test_trace_hooks_env_prints_every_call_to_stderr(capsys: Any, tmp_path: Path
     assert re.search(r"^\[hook\] session_strategy\(runtime, config\) -> core$", err, re.M), err
     assert "[hook] session_strategy returned <agent_gateway.sessions.TranscriptStrategy" in err
 
-    quiet = PluginHost.load(env={TRACE_ENV: "0", LOAD_ENV: "core"}, extra=(RuntimePlugin(),))
+    quiet = PluginHost.load(env={TRACE_ENV: "0"}, builtins={"core"}, extra=(RuntimePlugin(),))
     quiet.runtimes(config_with(tmp_path))
     assert capsys.readouterr().err == ""
 
 
 def test_builtin_defaults_are_trylast() -> None:
     """Every default a third party must be able to replace is marked trylast."""
-    host = PluginHost.load(env={LOAD_ENV: "core,journal_peewee"})
+    host = PluginHost.load(env={}, builtins={"core", "journal_peewee"})
     for hook_name, plugin_name in [
         ("session_strategy", "core"),
         ("register_projections", "core"),
@@ -606,20 +611,22 @@ def test_builtin_defaults_are_trylast() -> None:
 async def test_register_routes_serves_a_plugin_route_behind_actor_auth(make_gateway: Any) -> None:
     class Hello:
         @hookimpl
-        def register_routes(self, app: Any, gateway: Any) -> None:
-            async def hello(request: Any) -> Any:
-                from aiohttp import web
+        def register_routes(self, routes: PluginRoutes) -> None:
+            async def hello(request: web.Request) -> web.Response:
+                actor = routes.actor(request)
+                agent = routes.runtime("chat-only")
+                return web.json_response({"actor": actor, "agent": agent.display_name if agent else None})
 
-                return web.json_response({"actor": request["actor"], "agents": sorted(gateway.runtimes)})
-
-            app.router.add_get("/v1/hello", hello)
+            routes.add("GET", "/v1/hello", hello, openapi={"summary": "Say hello", "responses": {}})
 
     client = await make_gateway(extra_plugins=(Hello(),), tokens={"tok-alice-0123456789": "alice"})
     assert (await client.get("/v1/hello")).status == 401  # authenticated like every core route
     response = await client.get("/v1/hello", headers={"Authorization": "Bearer tok-alice-0123456789"})
     assert response.status == 200
-    body = await response.json()
-    assert body["actor"] == "alice" and "chat-only" in body["agents"]
+    assert await response.json() == {"actor": "alice", "agent": "Chat only"}
+    # Declared with its route, the operation is in /openapi.json.
+    spec = await (await client.get("/openapi.json")).json()
+    assert spec["paths"]["/v1/hello"] == {"get": {"summary": "Say hello", "responses": {}}}
 
 
 async def test_register_setting_fields_appear_in_descriptors_and_validate_preferences(make_gateway: Any) -> None:

@@ -116,7 +116,7 @@ async def make_harness_fixture(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
         journal = Journal(storage, Bus(), None)
         await journal.start()
         plugins = PluginHost.load(
-            env={"AGENT_GATEWAY_LOAD_PLUGINS": "core,journal_peewee"}, extra=(workspace_plugin, *extra_plugins)
+            env={}, builtins={"core", "journal_peewee"}, extra=(workspace_plugin, *extra_plugins)
         )
         overrides: dict[str, dict[str, Any]] = {"gateway": {"data_dir": str(base / "db")}}
         if configure_workspace:
@@ -639,7 +639,7 @@ async def test_receipts_route(h: Harness) -> None:
             "auth": {"tokens": {"alice-token-0123456789": "alice", "bob-token-0123456789ab": "bob"}},
         },
     )
-    plugins = PluginHost.load(env={"AGENT_GATEWAY_LOAD_PLUGINS": "core,journal_peewee"}, extra=(workspace_plugin,))
+    plugins = PluginHost.load(env={}, builtins={"core", "journal_peewee"}, extra=(workspace_plugin,))
     await h.call("workspace.read_file", {"path": "notes/a.md"})
     await h.refused("workspace.read_file", {"path": "../x"}, "path_refused")
     await h.journal.flush()

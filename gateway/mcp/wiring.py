@@ -1,9 +1,11 @@
 """How agents are given the gateway's MCP server: the ACP ``mcpServers`` entries.
 
 Install for ACP runtimes with ``gateway.services["mcp_servers_for"] = mcp_servers_for(gateway)``;
-the gateway's own URL must be in ``gateway.services["base_url"]`` (set at start-up from the
-listening socket). :class:`agent_gateway.acp.runtime.AcpRuntime` calls the provider at ``session/new``
-and ``session/load``; the entry it gets is
+the gateway's own URL must be in ``gateway.services["base_url"]``: ``[gateway] public_url``, else
+the listening address (set by the launcher, or from the local address of the first accepted
+connection), never a request's ``Host`` header (see ``Gateway.set_public_url``).
+:class:`agent_gateway.acp.runtime.AcpRuntime` calls the provider at ``session/new`` and
+``session/load``; the entry it gets is
 
 - ``{"type": "http", "name": "gateway", "url": ".../v1/mcp", "headers": [Authorization]}`` when the
   agent declared ``mcpCapabilities.http`` (``policy.mcp_http``), else

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -14,7 +15,9 @@ if TYPE_CHECKING:
 OPENAPI_PATH = Path(__file__).resolve().parent.parent / "openapi.json"
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
+def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Mapping[str, Any]]) -> None:
+    """``plugin_paths``: the OpenAPI path items plugins declare with their routes (a live,
+    read-only view: plugins add routes after the core's)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
 
     async def health(request: web.Request) -> web.Response:
@@ -28,8 +31,7 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         )
 
     async def openapi(request: web.Request) -> web.Response:
-        # Plugins that add routes (register_routes) describe them in gateway.openapi_paths.
-        return web.json_response({**spec, "paths": {**spec["paths"], **gateway.openapi_paths}})
+        return web.json_response({**spec, "paths": {**spec["paths"], **plugin_paths}})
 
     app.router.add_get("/v1/health", health)
     app.router.add_get("/openapi.json", openapi)

@@ -2,7 +2,8 @@
 
 Tools (through the tool facade, so every runtime reaches them through the one MCP surface, each
 call receipted): ``knowledge_rag.status``, ``knowledge_rag.query``, ``knowledge_rag.open_reference``
-(capability ``knowledge_rag``). HTTP routes for hosts (``register_routes`` hook):
+(capability ``knowledge_rag``). HTTP routes for hosts (``register_routes`` hook, each declared
+with its OpenAPI operation from this folder's ``openapi.json``):
 ``/v1/knowledge/status``, ``/query``, ``/open_reference``, ``/documents`` (add, list, delete),
 ``/documents/track/{trackId}``. Settings fields (``register_setting_fields`` hook):
 ``ai.common.knowledge_rag.mode``, ``ai.common.knowledge_rag.topK``.
@@ -20,14 +21,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent_gateway import hookimpl
+from agent_gateway import PluginRoutes, hookimpl
 
 from .service import MODES, KnowledgeService, Settings
 from .tools import CAP_KNOWLEDGE, KnowledgeTools
 
+if TYPE_CHECKING:
+    from agent_gateway import Config, Tool
+
 SECTION = "lightrag"
+STATUS_TOOL = "knowledge_rag.status"
 DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "url": "",
@@ -67,7 +72,7 @@ def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
-def settings_from(config: Any) -> tuple[bool, Settings]:
+def settings_from(config: Config | None) -> tuple[bool, Settings]:
     values = dict(DEFAULTS)
     if config is not None and hasattr(config, "section"):
         values.update({k: v for k, v in config.section(SECTION).items() if k in DEFAULTS})
@@ -86,10 +91,15 @@ def settings_from(config: Any) -> tuple[bool, Settings]:
     return bool(values["enabled"]), settings
 
 
-def service_of(gateway: Any) -> KnowledgeService | None:
-    """The service behind this gateway's knowledge tools (None when the plugin is off)."""
-    tools = getattr(gateway, "tools", None)
-    tool = tools.tools.get("knowledge_rag.status") if tools is not None else None
+def service_of(source: PluginRoutes | Any) -> KnowledgeService | None:
+    """The service behind the registered knowledge tools (None when the plugin is off).
+    ``source`` is the :class:`agent_gateway.PluginRoutes` of ``register_routes``, or anything
+    holding the tool facade as ``.tools`` (tests pass the gateway)."""
+    if isinstance(source, PluginRoutes):
+        tool = source.tool(STATUS_TOOL)
+    else:
+        tools = getattr(source, "tools", None)
+        tool = tools.tools.get(STATUS_TOOL) if tools is not None else None
     owner = getattr(getattr(tool, "handler", None), "__self__", None)
     return owner.service if isinstance(owner, KnowledgeTools) else None
 
@@ -100,7 +110,7 @@ def config_sections(register: Callable[..., None]) -> None:
 
 
 @hookimpl
-def register_tools(register: Callable[[Any], None], config: Any) -> None:
+def register_tools(register: Callable[[Tool], None], config: Config) -> None:
     enabled, settings = settings_from(config)
     if not enabled:
         return
@@ -109,7 +119,7 @@ def register_tools(register: Callable[[Any], None], config: Any) -> None:
 
 
 @hookimpl
-def register_setting_fields(register: Callable[[dict[str, Any]], None], config: Any) -> None:
+def register_setting_fields(register: Callable[[dict[str, Any]], None], config: Config) -> None:
     enabled, settings = settings_from(config)
     if not enabled:
         return
@@ -137,25 +147,12 @@ def register_setting_fields(register: Callable[[dict[str, Any]], None], config: 
 
 
 @hookimpl
-def register_routes(app: Any, gateway: Any) -> None:
-    service = service_of(gateway)
+def register_routes(routes: PluginRoutes) -> None:
+    service = service_of(routes)
     if service is None:
         return
-    from agent_gateway.preferences import load_values
+    from . import routes as knowledge_routes
 
-    from . import routes
-
-    async def preferences(actor_id: str) -> dict[str, Any]:
-        return await load_values(gateway, actor_id)
-
-    service.preferences = preferences
-    routes.setup(app, gateway, service)
-
-
-@hookimpl
-def gateway_shutdown(app: Any) -> Any:
-    from agent_gateway.app import GATEWAY_KEY
-
-    gateway = app.get(GATEWAY_KEY) if hasattr(app, "get") else None
-    service = service_of(gateway) if gateway is not None else None
-    return service.close() if service is not None else None
+    service.preferences = routes.preferences  # the tools read the actor's knowledge preferences
+    knowledge_routes.setup(routes, service)
+    routes.on_shutdown(service.close)

@@ -7,20 +7,20 @@ locate citations in. Errors use the gateway's JSON error shape.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from agent_gateway import ApiError, ToolError, read_json, validate_schema
+from agent_gateway import ApiError, PluginRoutes, ToolError, read_json, validate_schema
 
 from .service import KnowledgeService, Where
 from .tools import KnowledgeTools
 
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "openapi.json").read_text(encoding="utf-8")
+)["paths"]
 
 HTTP_STATUS = {
     "invalid_arguments": 400,
@@ -65,11 +65,8 @@ def _api_error(exc: ToolError) -> ApiError:
     return ApiError(HTTP_STATUS.get(exc.code, 400), exc.code, exc.message)
 
 
-def setup(app: web.Application, gateway: Gateway, service: KnowledgeService) -> None:
+def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
     tool_schemas = {t.name: t.input_schema for t in KnowledgeTools(service).tools()}
-
-    async def in_thread(fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(gateway.executor, fn, *args)
 
     def where_of(request: web.Request, source: dict[str, Any]) -> Where:
         workspace_id = source.get("workspaceId", "default")
@@ -80,8 +77,8 @@ def setup(app: web.Application, gateway: Gateway, service: KnowledgeService) -> 
             roots = [roots]
         if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
             raise ApiError(400, "invalid_request", "allowedRoots must be a list of strings")
-        root = gateway.config.workspace_roots.get(workspace_id)
-        return Where(workspace_id, root, roots, in_thread, request["actor"])
+        root = routes.config.workspace_roots.get(workspace_id)
+        return Where(workspace_id, root, roots, routes.in_thread, routes.actor(request))
 
     async def body_of(request: web.Request, schema: dict[str, Any] | None) -> tuple[Where, dict[str, Any]]:
         body = await read_json(request)
@@ -151,7 +148,7 @@ def setup(app: web.Application, gateway: Gateway, service: KnowledgeService) -> 
     async def track(request: web.Request) -> web.Response:
         where = where_of(request, dict(request.query))
         try:
-            result = await service.track(where, request.match_info["track_id"])
+            result = await service.track(where, request.match_info["trackId"])
         except ToolError as exc:
             raise _api_error(exc) from exc
         return web.json_response(result)
@@ -166,13 +163,13 @@ def setup(app: web.Application, gateway: Gateway, service: KnowledgeService) -> 
             raise _api_error(exc) from exc
         return web.json_response(result, status=202)
 
-    app.router.add_get("/v1/knowledge/status", status)
-    app.router.add_post("/v1/knowledge/query", query)
-    app.router.add_post("/v1/knowledge/open_reference", open_reference)
-    app.router.add_get("/v1/knowledge/documents", list_documents)
-    app.router.add_post("/v1/knowledge/documents", add_document)
-    app.router.add_delete("/v1/knowledge/documents", delete_documents)
-    app.router.add_get("/v1/knowledge/documents/track/{track_id}", track)
-    # Describe these routes in /openapi.json.
-    openapi = json.loads((Path(__file__).parent / "openapi.json").read_text(encoding="utf-8"))
-    gateway.openapi_paths.update(openapi["paths"])
+    for method, path, handler in (
+        ("GET", "/v1/knowledge/status", status),
+        ("POST", "/v1/knowledge/query", query),
+        ("POST", "/v1/knowledge/open_reference", open_reference),
+        ("GET", "/v1/knowledge/documents", list_documents),
+        ("POST", "/v1/knowledge/documents", add_document),
+        ("DELETE", "/v1/knowledge/documents", delete_documents),
+        ("GET", "/v1/knowledge/documents/track/{trackId}", track),
+    ):
+        routes.add(method, path, handler, openapi=OPENAPI_PATHS[path][method.lower()])

@@ -10,11 +10,14 @@ and no project trust: the only tools it sees are the gateway's, through MCP. See
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_gateway import hookimpl
 
 from .runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
+
+if TYPE_CHECKING:
+    from agent_gateway import PluginRoutes
 
 SECTION = "pi_lab"
 DEFAULTS: dict[str, Any] = {
@@ -90,7 +93,7 @@ def session_strategy(runtime: Any, config: Any) -> Any:
 
 
 @hookimpl
-def register_routes(app: Any, gateway: Any) -> None:
+def register_routes(routes: PluginRoutes) -> None:
     from .routes import setup
 
-    setup(app, gateway)
+    setup(routes)

@@ -1,6 +1,7 @@
 """``POST /v1/pi-lab/runs/{hostRunId}/steer`` and ``.../follow-up``: ``{"message": "..."}``.
 
-Served through the ``register_routes`` hook where the core has it. 202 with Pi's disposition when
+Served through the ``register_routes`` hook (:class:`agent_gateway.PluginRoutes`), each route
+declared with its OpenAPI operation from this folder's ``openapi.json``. 202 with Pi's disposition when
 the message was queued into the running turn; 409 when the run is not running on Pi.
 """
 
@@ -12,19 +13,23 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_gateway import ApiError, read_json
+from agent_gateway import ApiError, PluginRoutes, read_json
 
 from .rpc import PiError
 from .runtime import AGENT_ID, PiRuntime
 
+OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "openapi.json").read_text(encoding="utf-8")
+)["paths"]
 
-def setup(app: web.Application, gateway: Any) -> None:
+
+def setup(routes: PluginRoutes) -> None:
     async def queue(request: web.Request, command: str) -> web.Response:
-        runtime = gateway.runtimes.get(AGENT_ID)
+        runtime = routes.runtime(AGENT_ID)
         if not isinstance(runtime, PiRuntime):
             raise ApiError(404, "unknown_agent", "pi-lab is not enabled")
-        host_run_id = request.match_info["host_run_id"]
-        run = await gateway.runs.get(host_run_id, request["actor"])
+        host_run_id = request.match_info["hostRunId"]
+        run = await routes.run(host_run_id, routes.actor(request))
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         body = await read_json(request)
@@ -45,8 +50,8 @@ def setup(app: web.Application, gateway: Any) -> None:
     async def follow_up(request: web.Request) -> web.Response:
         return await queue(request, "follow_up")
 
-    app.router.add_post("/v1/pi-lab/runs/{host_run_id}/steer", steer)
-    app.router.add_post("/v1/pi-lab/runs/{host_run_id}/follow-up", follow_up)
-    # Describe these routes in /openapi.json.
-    openapi = json.loads((Path(__file__).parent / "openapi.json").read_text(encoding="utf-8"))
-    gateway.openapi_paths.update(openapi["paths"])
+    for path, handler in (
+        ("/v1/pi-lab/runs/{hostRunId}/steer", steer),
+        ("/v1/pi-lab/runs/{hostRunId}/follow-up", follow_up),
+    ):
+        routes.add("POST", path, handler, openapi=OPENAPI_PATHS[path]["post"])

@@ -1,0 +1,169 @@
+"""The one door a plugin's HTTP routes go through (the ``register_routes`` hook's ``routes``).
+
+A plugin declares each route with its OpenAPI operation (``routes.add``), so ``/openapi.json``
+lists exactly what is served, and its handlers read the gateway only through the methods below:
+the caller's actor, the actor's preferences, the caller's runs, runtimes, tools (called within a
+run's scope, receipted like any call), configuration sections and a worker thread for blocking
+work. Nothing here hands out the gateway itself, its storage or its routing table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from aiohttp import web
+
+from agent_gateway.plugin_host import PluginError
+from agent_gateway.preferences import load_values
+
+if TYPE_CHECKING:
+    from agent_gateway.app import Gateway
+    from agent_gateway.config import Config
+    from agent_gateway.models import Run
+    from agent_gateway.runtime import Runtime
+    from agent_gateway.tools import Tool
+
+log = logging.getLogger("agent_gateway.plugin_routes")
+
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ShutdownCallback = Callable[[], Awaitable[object] | object]
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+PLUGIN_PREFIX = "/v1/"
+# aiohttp path variables, `{name}` or `{name:regex}`; OpenAPI writes them `{name}`
+_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[^{}]*)?\}")
+
+
+def openapi_path(path: str) -> str:
+    """The OpenAPI form of an aiohttp route path (``{name:regex}`` becomes ``{name}``)."""
+    return _VARIABLE.sub(r"{\1}", path)
+
+
+def _shape(path: str) -> str:
+    """A path with its variables blanked: two routes of the same shape serve the same URLs."""
+    return _VARIABLE.sub("{}", path)
+
+
+class PluginRoutes:
+    """What ``register_routes(routes)`` gets; see docs/hooks.md.
+
+    Requests reach a plugin's handlers authenticated: :meth:`actor` is the caller. Raise
+    :class:`agent_gateway.ApiError` for the gateway's JSON error shape."""
+
+    def __init__(self, gateway: Gateway, router: web.UrlDispatcher) -> None:
+        self._gateway = gateway
+        self._router = router
+        self._openapi: dict[str, dict[str, Any]] = {}
+        self._on_shutdown: list[ShutdownCallback] = []
+        self._closed = False
+
+    # -- declaring routes (only while register_routes runs) -----------------------------------------
+    def add(self, method: str, path: str, handler: Handler, *, openapi: Mapping[str, Any] | None = None) -> None:
+        """Serve ``method path`` with ``handler`` and describe it in ``/openapi.json``.
+
+        ``path`` is under ``/v1/`` and uses aiohttp's ``{variable}`` syntax; name its variables as
+        the OpenAPI document does (``{hostRunId}``), they are the same path there. ``openapi`` is
+        the OpenAPI operation object (``summary``, ``requestBody``, ``responses``, ...); without
+        one the route is listed with a bare placeholder. A route the core or another plugin
+        already serves is a :class:`agent_gateway.PluginError`."""
+        method = method.upper()
+        if self._closed:
+            raise PluginError(f"route {method} {path}: routes can only be added while register_routes runs")
+        if method not in METHODS:
+            raise PluginError(f"route {method} {path}: method must be one of {', '.join(sorted(METHODS))}")
+        if not path.startswith(PLUGIN_PREFIX):
+            raise PluginError(f"route {method} {path}: plugin routes live under {PLUGIN_PREFIX}<plugin area>/")
+        if self._serves(method, path):
+            raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
+        if method == "GET":
+            self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
+        else:
+            self._router.add_route(method, path, handler)
+        operation = (
+            dict(openapi)
+            if openapi is not None
+            else {
+                "summary": f"{method} {path} (a plugin route without an OpenAPI description)",
+                "responses": {"default": {"description": "See the plugin's documentation."}},
+            }
+        )
+        self._openapi.setdefault(openapi_path(path), {})[method.lower()] = operation
+
+    def on_shutdown(self, callback: ShutdownCallback) -> None:
+        """Call ``callback()`` (awaited if it returns an awaitable) when the gateway stops, after
+        active runs are stopped and runtimes closed, before storage is closed."""
+        if self._closed:
+            raise PluginError("on_shutdown can only be called while register_routes runs")
+        self._on_shutdown.append(callback)
+
+    # -- what handlers may read -------------------------------------------------------------------
+    @property
+    def config(self) -> Config:
+        """The loaded configuration: ``routes.config.section("<name>")``, ``.workspace_roots``."""
+        return self._gateway.config
+
+    @staticmethod
+    def actor(request: web.Request) -> str:
+        """The authenticated caller of ``request``."""
+        actor: str = request["actor"]
+        return actor
+
+    async def preferences(self, actor_id: str) -> dict[str, Any]:
+        """The actor's stored preference values (full keys, secrets included: server-side only)."""
+        return await load_values(self._gateway, actor_id)
+
+    async def run(self, host_run_id: str, actor_id: str) -> Run | None:
+        """The run ``host_run_id`` if it belongs to ``actor_id``, else None (never another actor's)."""
+        return await self._gateway.runs.get(host_run_id, actor_id)
+
+    def runtime(self, agent_id: str) -> Runtime | None:
+        """The registered runtime of ``agent_id``, or None."""
+        return self._gateway.runtimes.get(agent_id)
+
+    def tool(self, name: str) -> Tool | None:
+        """The registered tool ``name``, or None."""
+        return self._gateway.tools.tools.get(name)
+
+    async def call_tool(self, name: str, arguments: Any, run: Run, *, caller: str = "route") -> dict[str, Any]:
+        """Call tool ``name`` within ``run``'s scope (its workspace, allowed roots and disabled
+        capabilities), as the run's actor: the same pipeline, receipt and events as an agent's call.
+        Get ``run`` with :meth:`run` so it is the caller's. Raises :class:`agent_gateway.ToolError`."""
+        facade = self._gateway.tools
+        return await facade.call(name, arguments, facade.scope_for(run), caller=caller)
+
+    async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._gateway.executor, fn, *args)
+
+    # -- for the core ---------------------------------------------------------------------------------
+    @property
+    def openapi_paths(self) -> Mapping[str, Mapping[str, Any]]:
+        """The OpenAPI path items of every plugin route, read-only."""
+        return MappingProxyType(self._openapi)
+
+    def close(self) -> None:
+        """No more routes: called once every plugin's register_routes has run."""
+        self._closed = True
+
+    async def shutdown(self) -> None:
+        for callback in self._on_shutdown:
+            try:
+                result = callback()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:  # one plugin's failure must not keep storage open
+                log.exception("a plugin route shutdown callback failed")
+
+    def _serves(self, method: str, path: str) -> bool:
+        shape = _shape(path)
+        for route in self._router.routes():
+            resource = route.resource
+            if resource is not None and _shape(resource.canonical) == shape and route.method in (method, "*"):
+                return True
+        return False
