@@ -66,7 +66,8 @@ class Gateway:
             self.runtimes[runtime.agent_id] = runtime
         strategies = {}
         for agent_id, runtime in self.runtimes.items():
-            strategy = plugins.session_strategy(runtime, config)
+            # A plugin's hook, else the core's default: the runtime's own strategy or the transcript.
+            strategy = plugins.session_strategy(runtime, config) or getattr(runtime, "session_strategy", None)
             if strategy is not None:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()

@@ -38,7 +38,9 @@ def openai_chunk_projection(event: Event) -> dict[str, Any] | None:
 
 @hookimpl(trylast=True)
 def session_strategy(runtime: Any, config: Any) -> Any:
-    return TranscriptStrategy()
+    """The runtime's own strategy when it carries one (``runtime.session_strategy``), else the
+    gateway transcript (`new_session`, then `cold_resumed`)."""
+    return getattr(runtime, "session_strategy", None) or TranscriptStrategy()
 
 
 @hookimpl(trylast=True)

@@ -252,7 +252,7 @@ async def test_plugins_lists_builtins_with_distribution_and_hooks(tmp_path: Path
     for name, hooks in {
         "core": "register_projections, session_strategy",
         "journal_peewee": "storage_backend",
-        "chat_only": "config_sections, register_runtimes, session_strategy",
+        "chat_only": "config_sections, register_runtimes",
     }.items():
         assert re.search(rf"^{name}\s+agent-gateway \S+\n\s+hooks: {hooks}$", out, re.M), out
 

@@ -122,7 +122,7 @@ def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> N
             calls.append("init")
             caps = initialize_result.get("agentCapabilities", {})
             policy.load_session = bool(caps.get("loadSession"))
-            policy.resume_session = "resume" in caps.get("sessionCapabilities", {})
+            policy.mcp_http = bool(caps.get("mcpCapabilities", {}).get("http"))
 
     class SiteRule:
         @hookimpl
@@ -133,10 +133,10 @@ def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> N
 
     host = PluginHost.load(env={LOAD_ENV: ""}, extra=(FromInitialize(), SiteRule()))
     policy = RuntimePolicy()
-    answer = {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {"resume": {}, "list": {}}}}
+    answer = {"agentCapabilities": {"loadSession": True, "mcpCapabilities": {"http": True}}}
     assert host.negotiate_runtime_policy("hermes", policy, answer) is None
     assert sorted(calls) == ["init", "site"]  # not firstresult: all are called
-    assert policy.load_session and policy.resume_session
+    assert policy.load_session and policy.mcp_http
     assert policy.to_wire()["promptQueue"] == "agent"
 
 
@@ -567,7 +567,7 @@ def test_plugins_lists_distribution_and_hooks() -> None:
     assert infos["core"].distribution == "agent-gateway"
     assert infos["core"].hooks == ("register_projections", "session_strategy")
     assert infos["journal_peewee"].hooks == ("storage_backend",)
-    assert infos["chat_only"].hooks == ("config_sections", "register_runtimes", "session_strategy")
+    assert infos["chat_only"].hooks == ("config_sections", "register_runtimes")
     [extra] = [i for i in infos.values() if i.hooks == ("register_commands",)]
     assert extra.distribution is None
 

@@ -208,6 +208,8 @@ class AcpRuntime:
         self.display_name = spec.display_name
         self.provider = spec.provider
         self.policy = spec.policy
+        # The core's default `session_strategy` uses this: live binding, then load, then cold resume.
+        self.session_strategy = AcpSessionStrategy()
         self._bindings: dict[tuple[str, str, str], Binding] = {}
         self._start_lock = asyncio.Lock()
         self.initialize_result: dict[str, Any] | None = None
@@ -279,18 +281,10 @@ class AcpRuntime:
     def _negotiate_policy(self, result: dict[str, Any], plugins: Any) -> None:
         """The plugin's defaults, overridden by what the agent declares, then by the hook."""
         caps = result.get("agentCapabilities") or {}
-        session_caps = caps.get("sessionCapabilities") or {}
         mcp = caps.get("mcpCapabilities") or {}
-        prompt = caps.get("promptCapabilities") or {}
         policy = self.policy
         policy.load_session = bool(caps.get("loadSession", False))
-        policy.replay_on_load = policy.load_session
-        policy.resume_session = "resume" in session_caps
-        policy.fork_session = "fork" in session_caps
-        policy.close_session = "close" in session_caps
         policy.mcp_http = bool(mcp.get("http", False))
-        policy.mcp_sse = bool(mcp.get("sse", False))
-        policy.prompt_images = bool(prompt.get("image", False))
         agent_info = result.get("agentInfo") or {}
         if agent_info.get("version"):
             self.spec.version = str(agent_info["version"])
@@ -620,7 +614,8 @@ class AcpRuntime:
 
 
 class AcpSessionStrategy:
-    """The `session_strategy` for ACP runtimes: live binding, then load, then cold resume."""
+    """The session strategy of ACP runtimes (every :class:`AcpRuntime` carries one as its
+    ``session_strategy``): live binding, then load, then cold resume."""
 
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         return await runtime.bind(turn)

@@ -16,7 +16,6 @@ from agent_gateway import (
     ACP_SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
-    AcpSessionStrategy,
     RuntimePolicy,
     hookimpl,
     spec_options,
@@ -94,15 +93,8 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         provider="hermes",
         env=env,
         process_dir=config.data_dir / "runtimes" / "hermes",
-        policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
+        policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
         **spec_options(section),
     )
     register(AcpRuntime(spec))
-
-
-@hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, AcpRuntime) and runtime.agent_id == "hermes":
-        return AcpSessionStrategy()
-    return None

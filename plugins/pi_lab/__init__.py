@@ -83,13 +83,6 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
 
 
 @hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, PiRuntime):
-        return PiSessionStrategy()
-    return None
-
-
-@hookimpl
 def register_routes(app: Any, gateway: Any) -> None:
     from .routes import setup
 

@@ -194,14 +194,12 @@ class PiRuntime:
         self.settings = settings
         self.policy = RuntimePolicy(
             context_carrier="agent_session",
-            load_session=True,
-            replay_on_load=False,  # Pi reloads its JSONL itself; nothing is replayed to the client
-            resume_session=True,
+            load_session=True,  # Pi resumes its session file after a restart (`loaded`)
             mcp_http=True,
-            terminal_semantics="agent_settled",
-            cancel_keeps_session=True,
             extra={"steer": True, "followUp": True},
         )
+        # The core's default `session_strategy` uses this: live binding, then resume, then cold resume.
+        self.session_strategy = PiSessionStrategy()
         self.bindings: dict[tuple[Any, ...], Binding] = {}
         self._mcp_lock = asyncio.Lock()
 
@@ -498,9 +496,7 @@ class PiRuntime:
 
 
 class PiSessionStrategy:
-    async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
-        if isinstance(runtime, PiRuntime):
-            return await runtime.bind(turn)
-        from agent_gateway import TranscriptStrategy
+    """The session strategy a :class:`PiRuntime` carries as its ``session_strategy``."""
 
-        return await TranscriptStrategy().plan(turn, runtime)
+    async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
+        return await runtime.bind(turn)

@@ -20,7 +20,6 @@ from agent_gateway import (
     ACP_SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
-    AcpSessionStrategy,
     RuntimePolicy,
     hookimpl,
     spec_options,
@@ -99,17 +98,10 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         provider="reasonix",
         env={"REASONIX_TELEMETRY": "off", **env},
         process_dir=process_dir,
-        policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
+        policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
         # Reasonix replays its own host-generated context snapshot as a user message.
         replay_ignore_prefixes=("<session-context",),
         **spec_options(section),
     )
     register(AcpRuntime(spec))
-
-
-@hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, AcpRuntime) and runtime.agent_id == "reasonix":
-        return AcpSessionStrategy()
-    return None
