@@ -42,6 +42,7 @@ from agent_gateway.acp.client import (
     AcpTimeout,
 )
 from agent_gateway.acp.mapping import extract_text, map_update
+from agent_gateway.environment import agent_environment
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import (
     SHORT_REPLY_WARNING,
@@ -65,7 +66,10 @@ class AcpAgentSpec:
     display_name: str
     provider: str
     command: list[str]
+    # Added to the agent's base environment (see :func:`agent_gateway.agent_environment`).
     env: dict[str, str] = field(default_factory=dict)
+    # True: the agent gets the gateway's whole environment instead of the base one.
+    inherit_env: bool = False
     # Where the agent process runs (its config files live there); None: the workspace root.
     process_dir: Path | None = None
     policy: RuntimePolicy = field(default_factory=RuntimePolicy)
@@ -92,6 +96,7 @@ class AcpAgentSpec:
 SECTION_DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "env": {},
+    "inherit_env": False,
     "provider_base_url": "",
     "provider_model": "",
     "idle_seconds": 900.0,
@@ -120,6 +125,7 @@ def spec_options(section: dict[str, Any]) -> dict[str, Any]:
     """The :class:`AcpAgentSpec` keywords that come straight from the shared section keys."""
     return {
         "command": list(section["command"]),
+        "inherit_env": bool(section["inherit_env"]),
         "auto_allow_kinds": tuple(section["auto_allow_kinds"]),
         "permission_timeout": float(section["permission_timeout_seconds"]),
         "idle_seconds": float(section["idle_seconds"]),
@@ -173,26 +179,37 @@ def roots_hash(roots: list[str]) -> str:
     return hashlib.sha256(json.dumps(sorted(roots)).encode()).hexdigest()[:16]
 
 
-def binary_available(command: list[str]) -> tuple[bool, str | None]:
+def binary_available(command: list[str], search_path: str | None = None) -> tuple[bool, str | None]:
+    """Whether the command's program exists, looked up on ``search_path`` (default: ``$PATH``)
+    like the process start does with the agent's own PATH."""
     if not command:
         return False, None
     found = (
-        shutil.which(command[0])
+        shutil.which(command[0], path=search_path)
         if os.sep not in command[0]
         else (command[0] if os.access(command[0], os.X_OK) else None)
     )
     return found is not None, found
 
 
-def probe_version(command: list[str], timeout: float = 5.0) -> str | None:
-    """`<binary> --version`, first line; None if it does not answer in time."""
+def probe_version(command: list[str], timeout: float = 5.0, env: dict[str, str] | None = None) -> str | None:
+    """`<binary> --version`, first line; None if it does not answer in time. ``env``: the
+    process's whole environment (default: the base agent environment)."""
     import subprocess
 
-    available, path = binary_available(command)
+    env = agent_environment() if env is None else env
+    available, path = binary_available(command, env.get("PATH"))
     if not available or path is None:
         return None
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = (done.stdout or done.stderr).strip().splitlines()
@@ -216,9 +233,10 @@ class AcpRuntime:
 
     # -- descriptor ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        available, path = binary_available(self.spec.command)
+        environment = self._environment()
+        available, path = binary_available(self.spec.command, environment.get("PATH"))
         if available and self.spec.version is None:
-            self.spec.version = probe_version(self.spec.command)
+            self.spec.version = probe_version(self.spec.command, env=environment)
         return {
             "capabilities": list(self.spec.capabilities),
             "availability": {
@@ -254,10 +272,9 @@ class AcpRuntime:
         if self.spec.prepare is not None:
             self.spec.prepare(process_dir)
         binding_box: dict[str, Binding] = {}
-        env = {**os.environ, **self.spec.env}
         process = AcpProcess(
             self.spec.command,
-            env=env,
+            env=self._environment(),
             cwd=str(process_dir),
             on_update=lambda session_id, update: self._on_update(binding_box["b"], session_id, update),
             on_permission=lambda params: self._on_permission(binding_box["b"], params),
@@ -277,6 +294,11 @@ class AcpRuntime:
         self.initialize_result = result
         self._negotiate_policy(result, turn.services.get("plugins"))
         return binding
+
+    def _environment(self) -> dict[str, str]:
+        """The agent process's whole environment: the base one (or the gateway's with
+        `inherit_env`), then the spec's `env`."""
+        return agent_environment(self.spec.env, inherit=self.spec.inherit_env)
 
     def _negotiate_policy(self, result: dict[str, Any], plugins: Any) -> None:
         """The plugin's defaults, overridden by what the agent declares, then by the hook."""

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "command": ["pi"],
     "env": {},
+    "inherit_env": False,
     "provider_base_url": "",
     "provider_model": "",
     "provider_api_key": "",
@@ -54,6 +55,7 @@ def settings_from(config: Any) -> PiSettings:
     return PiSettings(
         command=list(section["command"]),
         env={k: str(v) for k, v in section["env"].items()},
+        inherit_env=bool(section["inherit_env"]),
         root=config.data_dir / "runtimes" / "pi",
         provider_base_url=section["provider_base_url"],
         provider_model=section["provider_model"],
