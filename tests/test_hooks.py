@@ -565,7 +565,7 @@ def test_load_plugins_env_restricts_entry_points() -> None:
 def test_plugins_lists_distribution_and_hooks() -> None:
     infos = {info.name: info for info in PluginHost.load(env={}, extra=(CommandPlugin(),)).plugins()}
     assert infos["core"].distribution == "agent-gateway"
-    assert infos["core"].hooks == ("register_projections", "session_strategy")
+    assert infos["core"].hooks == ("config_sections", "register_projections", "register_runtimes", "session_strategy")
     assert infos["journal_peewee"].hooks == ("storage_backend",)
     assert infos["chat_only"].hooks == ("config_sections", "register_runtimes")
     [extra] = [i for i in infos.values() if i.hooks == ("register_commands",)]
@@ -578,7 +578,7 @@ def test_trace_hooks_env_prints_every_call_to_stderr(capsys: Any, tmp_path: Path
     assert [r.agent_id for r in runtimes] == ["hook-echo"]
     host.session_strategy(runtimes[0], None)
     err = capsys.readouterr().err
-    assert re.search(r"^\[hook\] register_runtimes\(register, config\) -> RuntimePlugin@\w+$", err, re.M), err
+    assert re.search(r"^\[hook\] register_runtimes\(register, config\) -> core, RuntimePlugin@\w+$", err, re.M), err
     assert "[hook] register_runtimes returned []" in err
     assert re.search(r"^\[hook\] session_strategy\(runtime, config\) -> core$", err, re.M), err
     assert "[hook] session_strategy returned <agent_gateway.sessions.TranscriptStrategy" in err

@@ -82,6 +82,8 @@ class AcpAgentSpec:
     permission_timeout: float = 300.0
     idle_seconds: float = 900.0
     max_processes: int = 4
+    # Seconds to wait for `initialize`, for `session/new` / `session/load`, for a prompt's result
+    # (None: no limit), and for the agent to stop after `session/cancel` before it is closed.
     initialize_timeout: float = 60.0
     session_timeout: float = 120.0
     prompt_timeout: float | None = None
@@ -92,37 +94,61 @@ class AcpAgentSpec:
     fields: list[dict[str, Any]] = field(default_factory=list)
 
 
-# Keys every ACP runtime plugin section shares (a plugin adds its own agent-specific keys).
+# Keys every ACP section shares: an ACP runtime plugin's section (which adds its own
+# agent-specific keys) and each `[acp_agents.<agent-id>]` table.
 SECTION_DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "env": {},
     "inherit_env": False,
-    "provider_base_url": "",
-    "provider_model": "",
     "idle_seconds": 900.0,
     "max_processes": 4,
     "permission_timeout_seconds": 300.0,
     "auto_allow_kinds": [],
     "mcp_servers": [],
+    "initialize_timeout": 60.0,
+    "session_timeout": 120.0,
+    # 0: no limit (a prompt may run as long as the agent works; cancel still stops it).
+    "prompt_timeout": 0.0,
+    "cancel_grace": 10.0,
 }
+
+_POSITIVE_KEYS = (
+    "idle_seconds",
+    "permission_timeout_seconds",
+    "initialize_timeout",
+    "session_timeout",
+    "cancel_grace",
+)
 
 
 def validate_section(section: dict[str, Any]) -> list[tuple[str, str]]:
-    """Problems with the shared keys of an ACP plugin section."""
+    """Problems with the shared keys of an ACP section (types are checked before this)."""
     problems = []
-    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
+    command = section.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(p, str) and p for p in command):
         problems.append(("command", "must be a non-empty list of strings"))
     if section["max_processes"] < 1:
         problems.append(("max_processes", "must be at least 1"))
-    if section["idle_seconds"] <= 0 or section["permission_timeout_seconds"] <= 0:
-        problems.append(
-            ("idle_seconds" if section["idle_seconds"] <= 0 else "permission_timeout_seconds", "must be positive")
-        )
+    for key in _POSITIVE_KEYS:
+        if section[key] <= 0:
+            problems.append((key, "must be positive"))
+    if section["prompt_timeout"] < 0:
+        problems.append(("prompt_timeout", "must be positive, or 0 for no limit"))
+    for name, value in section["env"].items():
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            problems.append((f"env.{name}", "must be a string (or a number)"))
+    if not all(isinstance(kind, str) for kind in section["auto_allow_kinds"]):
+        problems.append(("auto_allow_kinds", "must be a list of ACP tool kinds (strings)"))
+    for index, server in enumerate(section["mcp_servers"]):
+        if not isinstance(server, dict) or not isinstance(server.get("name"), str):
+            problems.append((f"mcp_servers[{index}]", "must be a table with a `name` (ACP McpServer)"))
     return problems
 
 
-def spec_options(section: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`AcpAgentSpec` keywords that come straight from the shared section keys."""
+def spec_options(section: dict[str, Any], default_model: str = "") -> dict[str, Any]:
+    """The :class:`AcpAgentSpec` keywords that come straight from the shared section keys.
+    ``default_model`` is the default of the agent's `model` field."""
+    prompt_timeout = float(section["prompt_timeout"])
     return {
         "command": list(section["command"]),
         "inherit_env": bool(section["inherit_env"]),
@@ -131,8 +157,12 @@ def spec_options(section: dict[str, Any]) -> dict[str, Any]:
         "idle_seconds": float(section["idle_seconds"]),
         "max_processes": int(section["max_processes"]),
         "mcp_servers": list(section["mcp_servers"]),
+        "initialize_timeout": float(section["initialize_timeout"]),
+        "session_timeout": float(section["session_timeout"]),
+        "prompt_timeout": prompt_timeout if prompt_timeout > 0 else None,
+        "cancel_grace": float(section["cancel_grace"]),
         "fields": [
-            {"key": "model", "label": "Model", "kind": "string", "default": section["provider_model"]},
+            {"key": "model", "label": "Model", "kind": "string", "default": default_model},
             {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
         ],
     }

@@ -26,6 +26,9 @@ SECTION = "hermes"
 DEFAULTS: dict[str, Any] = {
     **ACP_SECTION_DEFAULTS,
     "command": ["hermes-acp"],
+    # When set, the plugin writes Hermes' config.yaml for this OpenAI-compatible endpoint.
+    "provider_base_url": "",
+    "provider_model": "",
     # "" = the user's own HERMES_HOME; with provider_base_url: <data_dir>/runtimes/hermes/home.
     "hermes_home": "",
     "provider_api_key": "",
@@ -95,6 +98,7 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         process_dir=config.data_dir / "runtimes" / "hermes",
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
-        **spec_options(section),
+        **spec_options(section, default_model=section["provider_model"]),
     )
     register(AcpRuntime(spec))
+

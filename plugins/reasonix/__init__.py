@@ -30,6 +30,9 @@ SECTION = "reasonix"
 DEFAULTS: dict[str, Any] = {
     **ACP_SECTION_DEFAULTS,
     "command": ["reasonix", "acp"],
+    # When set, the plugin writes Reasonix's provider configuration for this OpenAI-compatible endpoint.
+    "provider_base_url": "",
+    "provider_model": "",
     # "gateway": run in <data_dir>/runtimes/reasonix (needed for provider_base_url);
     # "workspace": run in the workspace root, using the user's own reasonix.toml there.
     "process_dir": "gateway",
@@ -102,6 +105,7 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         prepare=prepare,
         # Reasonix replays its own host-generated context snapshot as a user message.
         replay_ignore_prefixes=("<session-context",),
-        **spec_options(section),
+        **spec_options(section, default_model=section["provider_model"]),
     )
     register(AcpRuntime(spec))
+
