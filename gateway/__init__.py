@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "ACP_SECTION_DEFAULTS": "agent_gateway.acp.runtime",
     "spec_options": "agent_gateway.acp.runtime",
     "validate_section": "agent_gateway.acp.runtime",
+    "agent_environment": "agent_gateway.environment",
     "RunScope": "agent_gateway.tools",
     "validate_schema": "agent_gateway.tools",
     "PathError": "agent_gateway.paths",
@@ -102,6 +103,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "ACP_SECTION_DEFAULTS",
     "spec_options",
     "validate_section",
+    "agent_environment",
     "RunScope",
     "validate_schema",
     "PathError",
@@ -120,6 +122,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.acp.runtime import SECTION_DEFAULTS as ACP_SECTION_DEFAULTS
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
     from agent_gateway.config import Config
+    from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, read_json
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl
     from agent_gateway.models import Event, Run, now_ms

@@ -81,11 +81,15 @@ class Gateway:
         self.runtimes: dict[str, Runtime] = {}
         for runtime in plugins.runtimes(config):
             if runtime.agent_id in self.runtimes:
-                raise PluginError(f"agent id {runtime.agent_id!r} registered twice")
+                raise PluginError(
+                    f"agent id {runtime.agent_id!r} registered twice (by two plugins, or by a plugin and "
+                    f"an [acp_agents.{runtime.agent_id}] table): agent ids must be unique"
+                )
             self.runtimes[runtime.agent_id] = runtime
         strategies = {}
         for agent_id, runtime in self.runtimes.items():
-            strategy = plugins.session_strategy(runtime, config)
+            # A plugin's hook, else the core's default: the runtime's own strategy or the transcript.
+            strategy = plugins.session_strategy(runtime, config) or getattr(runtime, "session_strategy", None)
             if strategy is not None:
                 strategies[agent_id] = strategy
         self.projections = plugins.projections()

@@ -1,10 +1,13 @@
-"""The core's own defaults, registered as the `core` plugin and overridable (trylast)."""
+"""The core's own defaults, registered as the `core` plugin and overridable (trylast): the
+session strategy, the projections, and the ACP agents declared by `[acp_agents.<agent-id>]`
+configuration tables."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from agent_gateway.acp import agents as acp_agents
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Event, now_ms
 from agent_gateway.sessions import TranscriptStrategy
@@ -38,7 +41,22 @@ def openai_chunk_projection(event: Event) -> dict[str, Any] | None:
 
 @hookimpl(trylast=True)
 def session_strategy(runtime: Any, config: Any) -> Any:
-    return TranscriptStrategy()
+    """The runtime's own strategy when it carries one (``runtime.session_strategy``), else the
+    gateway transcript (`new_session`, then `cold_resumed`)."""
+    return getattr(runtime, "session_strategy", None) or TranscriptStrategy()
+
+
+@hookimpl(trylast=True)
+def config_sections(register: Callable[..., None]) -> None:
+    spec = acp_agents.SECTION_SPEC
+    register(spec.name, spec.defaults, spec.validate, spec.doc, tables=True, table_id=spec.table_id)
+
+
+@hookimpl(trylast=True)
+def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
+    """A generic ACP runtime for every enabled `[acp_agents.<agent-id>]` table."""
+    for runtime in acp_agents.configured_runtimes(config):
+        register(runtime)
 
 
 @hookimpl(trylast=True)

@@ -7,6 +7,7 @@ Precedence: defaults < the TOML file < environment ``AGENT_GATEWAY__<SECTION>__<
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,10 @@ class SectionSpec:
     defaults: dict[str, Any]
     validate: Validator | None = None
     doc: str = ""
+    # True: the section is a set of named tables (`[name.<id>]`), each one checked against
+    # `defaults` and `validate` like a section of its own; `table_id` is the pattern ids match.
+    tables: bool = False
+    table_id: str = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 
 def _default_data_dir() -> str:
@@ -156,12 +161,31 @@ class Config:
         self.specs[spec.name] = spec
 
     def section(self, name: str) -> dict[str, Any]:
-        """The merged section: defaults, then the file, then environment overrides."""
+        """The merged section: defaults, then the file, then environment overrides. A section of
+        tables is ``{id: merged table}``."""
         spec = self.specs.get(name)
+        if spec is not None and spec.tables:
+            return {
+                table_id: {**spec.defaults, **given, **env}
+                for table_id, (given, env) in self._tables(name).items()
+                if isinstance(given, dict)
+            }
         merged: dict[str, Any] = dict(spec.defaults) if spec else {}
         merged.update(self.raw.get(name, {}) or {})
         merged.update(self.env_overrides.get(name, {}))
         return merged
+
+    def _tables(self, name: str) -> dict[str, tuple[Any, dict[str, Any]]]:
+        """The tables of a section of tables: ``{id: (table in the file, environment overrides)}``.
+        ``AGENT_GATEWAY__<SECTION>__<ID>__<KEY>`` overrides a key of one table."""
+        given = self.raw.get(name, {})
+        tables: dict[str, tuple[Any, dict[str, Any]]] = {
+            table_id: (table, {}) for table_id, table in (given.items() if isinstance(given, dict) else ())
+        }
+        for env_key, value in self.env_overrides.get(name, {}).items():
+            table_id, _, key = env_key.partition("__")
+            tables.setdefault(table_id, ({}, {}))[1][key] = value
+        return tables
 
     # -- well-known core values --------------------------------------------------------------
     @property
@@ -200,34 +224,55 @@ class Config:
             if not isinstance(given, dict):
                 found.append(f"{where}: {name}: must be a table")
                 continue
-            origin = {**{k: where for k in given}, **{k: "environment" for k in self.env_overrides.get(name, {})}}
-            values = {**given, **self.env_overrides.get(name, {})}
-            bad_keys = set()
-            for key, value in values.items():
-                if key not in spec.defaults:
-                    found.append(f"{origin[key]}: {name}.{key}: unknown key")
-                    bad_keys.add(key)
+            if not spec.tables:
+                found.extend(self._check_table(spec, name, given, self.env_overrides.get(name, {})))
+                continue
+            for table_id, (table, env) in self._tables(name).items():
+                dotted = f"{name}.{table_id}"
+                origin = where if table_id in given else "environment"
+                if not isinstance(table, dict):
+                    found.append(f"{origin}: {dotted}: must be a table ([{dotted}])")
                     continue
-                expected = type(spec.defaults[key])
-                if not _type_ok(value, expected):
-                    found.append(
-                        f"{origin[key]}: {name}.{key}: expected {expected.__name__}, got {type(value).__name__}"
-                    )
-                    bad_keys.add(key)
-            if spec.validate:
-                # Validate the keys that are well-typed too (every problem, not just the first
-                # kind): bad keys are checked with their defaults and not reported twice.
-                checked = {k: v for k, v in self.section(name).items() if k in spec.defaults}
-                checked.update({k: spec.defaults[k] for k in bad_keys if k in spec.defaults})
-                try:
-                    validated = spec.validate(checked)
-                except Exception as exc:  # a plugin's validator must not hide the other problems
-                    validated = [("", f"validator failed: {type(exc).__name__}: {exc}")]
-                for key, problem in validated:
-                    if key.split(".")[0] in bad_keys:
-                        continue
-                    dotted = f"{name}.{key}" if key else name
-                    found.append(f"{origin.get(key.split('.')[0], where)}: {dotted}: {problem}")
+                if "" in env:
+                    variable = f"{ENV_PREFIX}{name.upper()}__{table_id.upper()}"
+                    found.append(f"environment: {variable}: name a key too ({variable}__<KEY>)")
+                    continue
+                if not re.fullmatch(spec.table_id, table_id):
+                    found.append(f"{origin}: {dotted}: {table_id!r} is not a valid name (must match {spec.table_id})")
+                    continue
+                found.extend(self._check_table(spec, dotted, table, env))
+        return found
+
+    def _check_table(self, spec: SectionSpec, name: str, given: dict[str, Any], env: dict[str, Any]) -> list[str]:
+        """Problems of one section (or one table of a section of tables) named `name`."""
+        where = self.path or "<defaults>"
+        found: list[str] = []
+        origin = {**{k: where for k in given}, **{k: "environment" for k in env}}
+        values = {**given, **env}
+        bad_keys = set()
+        for key, value in values.items():
+            if key not in spec.defaults:
+                found.append(f"{origin[key]}: {name}.{key}: unknown key")
+                bad_keys.add(key)
+                continue
+            expected = type(spec.defaults[key])
+            if not _type_ok(value, expected):
+                found.append(f"{origin[key]}: {name}.{key}: expected {expected.__name__}, got {type(value).__name__}")
+                bad_keys.add(key)
+        if spec.validate:
+            # Validate the keys that are well-typed too (every problem, not just the first
+            # kind): bad keys are checked with their defaults and not reported twice.
+            checked = {**spec.defaults, **{k: v for k, v in values.items() if k in spec.defaults}}
+            checked.update({k: spec.defaults[k] for k in bad_keys if k in spec.defaults})
+            try:
+                validated = spec.validate(checked)
+            except Exception as exc:  # a plugin's validator must not hide the other problems
+                validated = [("", f"validator failed: {type(exc).__name__}: {exc}")]
+            for key, problem in validated:
+                if key.split(".")[0].split("[")[0] in bad_keys:
+                    continue
+                dotted = f"{name}.{key}" if key else name
+                found.append(f"{origin.get(key.split('.')[0].split('[')[0], where)}: {dotted}: {problem}")
         return found
 
     def check(self) -> None:

@@ -5,47 +5,39 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from agent_gateway.journal import JournalFull
 from agent_gateway.models import TERMINAL_KINDS, Run
 
+# How earlier turns reach the agent: "agent_session" (the agent keeps them in its own session),
+# "transcript_rebuild" (the runtime resends the gateway's transcript each turn) or "none" (each
+# turn stands alone).
+ContextCarrier = Literal["agent_session", "transcript_rebuild", "none"]
+
 
 @dataclass
 class RuntimePolicy:
-    """How a runtime carries context between turns. Plugin defaults; an agent's `initialize`
-    answer may override them (see the `negotiate_runtime_policy` hook)."""
+    """What a runtime tells clients and the core about itself (``GET /v1/agents`` shows it as
+    ``policy``). Plugin defaults; an agent's `initialize` answer may override them (see the
+    `negotiate_runtime_policy` hook)."""
 
-    # How earlier turns reach the agent: "agent_session" (the agent keeps them) or
-    # "transcript_rebuild" (the gateway resends the transcript each turn).
-    context_carrier: str = "agent_session"
+    # Shown to clients: whether the agent remembers earlier turns itself.
+    context_carrier: ContextCarrier = "agent_session"
+    # The agent can reopen a stored session after a restart (ACP `session/load`; Pi resumes its
+    # session file): the ACP runtime tries it only when this is true.
     load_session: bool = False
-    replay_on_load: bool = False
-    resume_session: bool = False
-    fork_session: bool = False
-    close_session: bool = False
+    # The agent takes MCP servers over HTTP: the gateway offers its tools as an HTTP MCP server
+    # instead of a stdio bridge process.
     mcp_http: bool = False
-    mcp_sse: bool = False
-    prompt_images: bool = False
-    # What ends a run: "prompt_result" (the prompt call returns) or a named event.
-    terminal_semantics: str = "prompt_result"
-    # Whether a run may be cancelled mid-prompt without losing the agent session.
-    cancel_keeps_session: bool = True
+    # Anything else a plugin or a `negotiate_runtime_policy` hook wants clients to see.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         return {
             "contextCarrier": self.context_carrier,
             "loadSession": self.load_session,
-            "replayOnLoad": self.replay_on_load,
-            "resumeSession": self.resume_session,
-            "forkSession": self.fork_session,
-            "closeSession": self.close_session,
             "mcpHttp": self.mcp_http,
-            "mcpSse": self.mcp_sse,
-            "promptImages": self.prompt_images,
-            "terminalSemantics": self.terminal_semantics,
-            "cancelKeepsSession": self.cancel_keeps_session,
             **self.extra,
         }
 
@@ -54,16 +46,20 @@ class RuntimePolicy:
 class TurnOutcome:
     """How a turn ended. The core turns it into the run's one terminal event."""
 
-    status: str  # "completed" | "failed" | "cancelled"
+    status: Literal["completed", "failed", "cancelled"]
     reason: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+# How a run found its agent session (the receipt's `sessionMode`).
+SessionMode = Literal["native_live", "loaded", "cold_resumed", "new_session"]
 
 
 @dataclass
 class SessionPlan:
     """What the session strategy decided for one run."""
 
-    mode: str  # native_live | loaded | cold_resumed | new_session
+    mode: SessionMode
     # Earlier turns to seed a new agent session with (bounded); empty for native_live/loaded.
     packet: list[dict[str, Any]] = field(default_factory=list)
     warning: str | None = None
@@ -170,6 +166,11 @@ class Turn:
 
 
 class Runtime(Protocol):
+    """An agent runtime. Optionally it carries its own session strategy as a ``session_strategy``
+    attribute (an object with ``async plan(turn, runtime) -> SessionPlan``, see
+    :class:`agent_gateway.sessions.SessionStrategy`): the core's default `session_strategy` hook
+    uses it, so a plugin needs no hook implementation to pick the strategy of its own runtime."""
+
     agent_id: str
     display_name: str
     provider: str

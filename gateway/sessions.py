@@ -2,8 +2,9 @@
 
 A strategy answers, per run, how the agent gets the earlier turns of the gateway session. The
 default knows only the gateway's own transcript: the first turn is `new_session`, later turns are
-`cold_resumed` with a bounded packet. Runtimes with live agent sessions supply their own strategy
-through the `session_strategy` hook.
+`cold_resumed` with a bounded packet. Runtimes with live agent sessions carry their own strategy
+(``runtime.session_strategy``), which the core's default `session_strategy` hook returns; a
+plugin's hook may still choose another.
 """
 
 from __future__ import annotations

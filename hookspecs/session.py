@@ -21,5 +21,10 @@ def session_strategy(runtime: Runtime, config: Config) -> SessionStrategy | None
     (``cold_resumed`` / ``new_session``); see :class:`agent_gateway.SessionStrategy`.
     First non-None result wins; the built-in default is ``trylast``.
 
+    A runtime that brings its own strategy needs no implementation of this hook: it sets a
+    ``session_strategy`` attribute (an object with ``async plan(turn, runtime)``) and the built-in
+    default returns it; runtimes without one get the gateway-transcript strategy. Implement the
+    hook only to choose a strategy for runtimes you do not own (it wins over both).
+
     Called once per runtime when the app is created.
     """

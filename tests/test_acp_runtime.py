@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, Binding
+from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, Binding
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import TERMINAL_KINDS
 from tests._harness import FAKE_ACP_AGENT
@@ -41,7 +41,8 @@ PACKET_HEADER = "[Earlier turns of this conversation"
 
 
 class FakeAcpPlugin:
-    """Registers one AcpRuntime for a fake ACP agent behaviour, with the ACP session strategy."""
+    """Registers one AcpRuntime for a fake ACP agent behaviour (it carries the ACP session
+    strategy itself: no `session_strategy` hook needed)."""
 
     def __init__(
         self,
@@ -70,10 +71,6 @@ class FakeAcpPlugin:
         )
         self.runtime = AcpRuntime(spec)
         register(self.runtime)
-
-    @hookimpl
-    def session_strategy(self, runtime: Any, config: Any) -> Any:
-        return AcpSessionStrategy() if runtime is self.runtime and runtime is not None else None
 
 
 async def gateway_with(make_gateway: MakeGateway, *plugins: FakeAcpPlugin, data_dir: Path | None = None) -> TestClient:
@@ -364,11 +361,10 @@ async def test_policy_negotiated_from_initialize(make_gateway: MakeGateway) -> N
     basic_policy = (await agent_descriptor(client, "fake-basic"))["policy"]
     replay_policy = (await agent_descriptor(client, "fake-replay"))["policy"]
     assert basic_policy["negotiated"] is True and replay_policy["negotiated"] is True
-    assert basic_policy["loadSession"] is False and basic_policy["replayOnLoad"] is False
-    assert replay_policy["loadSession"] is True and replay_policy["replayOnLoad"] is True
-    # sessionCapabilities {list, resume, close} of the fake agents
-    assert basic_policy["resumeSession"] is True and basic_policy["closeSession"] is True
-    assert basic_policy["forkSession"] is False
+    assert basic_policy["loadSession"] is False and replay_policy["loadSession"] is True
+    # the fake agents declare stdio MCP only (no mcpCapabilities.http)
+    assert basic_policy["mcpHttp"] is False and replay_policy["mcpHttp"] is False
+    assert set(basic_policy) == {"contextCarrier", "loadSession", "mcpHttp", "negotiated"}
     assert (await agent_descriptor(client, "fake-basic"))["liveBindings"] == 1
 
 

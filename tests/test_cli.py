@@ -250,9 +250,9 @@ async def test_plugins_lists_builtins_with_distribution_and_hooks(tmp_path: Path
     rc, out, err = await run_cli("plugins", env=clean_env(tmp_path), cwd=tmp_path)
     assert rc == 0, err
     for name, hooks in {
-        "core": "register_projections, session_strategy",
+        "core": "config_sections, register_projections, register_runtimes, session_strategy",
         "journal_peewee": "storage_backend",
-        "chat_only": "config_sections, register_runtimes, session_strategy",
+        "chat_only": "config_sections, register_runtimes",
     }.items():
         assert re.search(rf"^{name}\s+agent-gateway \S+\n\s+hooks: {hooks}$", out, re.M), out
 

@@ -124,7 +124,7 @@ def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> N
             calls.append("init")
             caps = initialize_result.get("agentCapabilities", {})
             policy.load_session = bool(caps.get("loadSession"))
-            policy.resume_session = "resume" in caps.get("sessionCapabilities", {})
+            policy.mcp_http = bool(caps.get("mcpCapabilities", {}).get("http"))
 
     class SiteRule:
         @hookimpl
@@ -135,10 +135,10 @@ def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> N
 
     host = PluginHost.load(env={}, builtins=False, extra=(FromInitialize(), SiteRule()))
     policy = RuntimePolicy()
-    answer = {"agentCapabilities": {"loadSession": True, "sessionCapabilities": {"resume": {}, "list": {}}}}
+    answer = {"agentCapabilities": {"loadSession": True, "mcpCapabilities": {"http": True}}}
     assert host.negotiate_runtime_policy("hermes", policy, answer) is None
     assert sorted(calls) == ["init", "site"]  # not firstresult: all are called
-    assert policy.load_session and policy.resume_session
+    assert policy.load_session and policy.mcp_http
     assert policy.to_wire()["promptQueue"] == "agent"
 
 
@@ -570,9 +570,9 @@ def test_builtins_always_load_and_load_plugins_filters_third_party_only() -> Non
 def test_plugins_lists_distribution_and_hooks() -> None:
     infos = {info.name: info for info in PluginHost.load(env={}, extra=(CommandPlugin(),)).plugins()}
     assert infos["core"].distribution == "agent-gateway"
-    assert infos["core"].hooks == ("register_projections", "session_strategy")
+    assert infos["core"].hooks == ("config_sections", "register_projections", "register_runtimes", "session_strategy")
     assert infos["journal_peewee"].hooks == ("storage_backend",)
-    assert infos["chat_only"].hooks == ("config_sections", "register_runtimes", "session_strategy")
+    assert infos["chat_only"].hooks == ("config_sections", "register_runtimes")
     [extra] = [i for i in infos.values() if i.hooks == ("register_commands",)]
     assert extra.distribution is None
 
@@ -583,7 +583,7 @@ def test_trace_hooks_env_prints_every_call_to_stderr(capsys: Any, tmp_path: Path
     assert [r.agent_id for r in runtimes] == ["hook-echo"]
     host.session_strategy(runtimes[0], None)
     err = capsys.readouterr().err
-    assert re.search(r"^\[hook\] register_runtimes\(register, config\) -> RuntimePlugin@\w+$", err, re.M), err
+    assert re.search(r"^\[hook\] register_runtimes\(register, config\) -> core, RuntimePlugin@\w+$", err, re.M), err
     assert "[hook] register_runtimes returned []" in err
     assert re.search(r"^\[hook\] session_strategy\(runtime, config\) -> core$", err, re.M), err
     assert "[hook] session_strategy returned <agent_gateway.sessions.TranscriptStrategy" in err

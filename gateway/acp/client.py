@@ -40,6 +40,8 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from agent_gateway.environment import agent_environment
+
 __all__ = [
     "CANCELLED_PERMISSION",
     "PROTOCOL_VERSION",
@@ -135,10 +137,11 @@ async def _maybe_await(value: Any) -> None:
 class AcpProcess:
     """An ACP agent subprocess and the JSON-RPC client connection to it.
 
-    ``env`` is the child's whole environment (``None`` inherits ours), as with
-    :mod:`subprocess`. With ``new_process_group`` (POSIX) the agent runs in its
-    own process group and :meth:`close` signals the whole group, so the helper
-    processes of wrapper launchers (npm shims, shells) do not outlive it.
+    ``env`` is the child's whole environment; ``None`` gives it the base agent environment
+    (:func:`agent_gateway.environment.agent_environment`), never the gateway's whole one.
+    With ``new_process_group`` (POSIX) the agent runs in its own process group and
+    :meth:`close` signals the whole group, so the helper processes of wrapper launchers (npm
+    shims, shells) do not outlive it.
 
     Use ``async with AcpProcess(cmd, ...) as agent:`` or :meth:`start` /
     :meth:`close`.
@@ -166,7 +169,7 @@ class AcpProcess:
         if not command:
             raise ValueError("command must not be empty")
         self.command: list[str] = [str(part) for part in command]
-        self.env: dict[str, str] | None = dict(env) if env is not None else None
+        self.env: dict[str, str] = dict(env) if env is not None else agent_environment()
         self.cwd: str | None = os.fspath(cwd) if cwd is not None else None
         self.name: str = name or os.path.basename(self.command[0])
         self.on_update = on_update

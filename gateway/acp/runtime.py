@@ -42,6 +42,7 @@ from agent_gateway.acp.client import (
     AcpTimeout,
 )
 from agent_gateway.acp.mapping import extract_text, map_update
+from agent_gateway.environment import agent_environment
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import (
     SHORT_REPLY_WARNING,
@@ -65,7 +66,10 @@ class AcpAgentSpec:
     display_name: str
     provider: str
     command: list[str]
+    # Added to the agent's base environment (see :func:`agent_gateway.agent_environment`).
     env: dict[str, str] = field(default_factory=dict)
+    # True: the agent gets the gateway's whole environment instead of the base one.
+    inherit_env: bool = False
     # Where the agent process runs (its config files live there); None: the workspace root.
     process_dir: Path | None = None
     policy: RuntimePolicy = field(default_factory=RuntimePolicy)
@@ -78,6 +82,8 @@ class AcpAgentSpec:
     permission_timeout: float = 300.0
     idle_seconds: float = 900.0
     max_processes: int = 4
+    # Seconds to wait for `initialize`, for `session/new` / `session/load`, for a prompt's result
+    # (None: no limit), and for the agent to stop after `session/cancel` before it is closed.
     initialize_timeout: float = 60.0
     session_timeout: float = 120.0
     prompt_timeout: float | None = None
@@ -88,45 +94,75 @@ class AcpAgentSpec:
     fields: list[dict[str, Any]] = field(default_factory=list)
 
 
-# Keys every ACP runtime plugin section shares (a plugin adds its own agent-specific keys).
+# Keys every ACP section shares: an ACP runtime plugin's section (which adds its own
+# agent-specific keys) and each `[acp_agents.<agent-id>]` table.
 SECTION_DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "env": {},
-    "provider_base_url": "",
-    "provider_model": "",
+    "inherit_env": False,
     "idle_seconds": 900.0,
     "max_processes": 4,
     "permission_timeout_seconds": 300.0,
     "auto_allow_kinds": [],
     "mcp_servers": [],
+    "initialize_timeout": 60.0,
+    "session_timeout": 120.0,
+    # 0: no limit (a prompt may run as long as the agent works; cancel still stops it).
+    "prompt_timeout": 0.0,
+    "cancel_grace": 10.0,
 }
+
+_POSITIVE_KEYS = (
+    "idle_seconds",
+    "permission_timeout_seconds",
+    "initialize_timeout",
+    "session_timeout",
+    "cancel_grace",
+)
 
 
 def validate_section(section: dict[str, Any]) -> list[tuple[str, str]]:
-    """Problems with the shared keys of an ACP plugin section."""
+    """Problems with the shared keys of an ACP section (types are checked before this)."""
     problems = []
-    if not section["command"] or not all(isinstance(p, str) for p in section["command"]):
+    command = section.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(p, str) and p for p in command):
         problems.append(("command", "must be a non-empty list of strings"))
     if section["max_processes"] < 1:
         problems.append(("max_processes", "must be at least 1"))
-    if section["idle_seconds"] <= 0 or section["permission_timeout_seconds"] <= 0:
-        problems.append(
-            ("idle_seconds" if section["idle_seconds"] <= 0 else "permission_timeout_seconds", "must be positive")
-        )
+    for key in _POSITIVE_KEYS:
+        if section[key] <= 0:
+            problems.append((key, "must be positive"))
+    if section["prompt_timeout"] < 0:
+        problems.append(("prompt_timeout", "must be positive, or 0 for no limit"))
+    for name, value in section["env"].items():
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            problems.append((f"env.{name}", "must be a string (or a number)"))
+    if not all(isinstance(kind, str) for kind in section["auto_allow_kinds"]):
+        problems.append(("auto_allow_kinds", "must be a list of ACP tool kinds (strings)"))
+    for index, server in enumerate(section["mcp_servers"]):
+        if not isinstance(server, dict) or not isinstance(server.get("name"), str):
+            problems.append((f"mcp_servers[{index}]", "must be a table with a `name` (ACP McpServer)"))
     return problems
 
 
-def spec_options(section: dict[str, Any]) -> dict[str, Any]:
-    """The :class:`AcpAgentSpec` keywords that come straight from the shared section keys."""
+def spec_options(section: dict[str, Any], default_model: str = "") -> dict[str, Any]:
+    """The :class:`AcpAgentSpec` keywords that come straight from the shared section keys.
+    ``default_model`` is the default of the agent's `model` field."""
+    prompt_timeout = float(section["prompt_timeout"])
     return {
         "command": list(section["command"]),
+        "inherit_env": bool(section["inherit_env"]),
         "auto_allow_kinds": tuple(section["auto_allow_kinds"]),
         "permission_timeout": float(section["permission_timeout_seconds"]),
         "idle_seconds": float(section["idle_seconds"]),
         "max_processes": int(section["max_processes"]),
         "mcp_servers": list(section["mcp_servers"]),
+        "initialize_timeout": float(section["initialize_timeout"]),
+        "session_timeout": float(section["session_timeout"]),
+        "prompt_timeout": prompt_timeout if prompt_timeout > 0 else None,
+        "cancel_grace": float(section["cancel_grace"]),
         "fields": [
-            {"key": "model", "label": "Model", "kind": "string", "default": section["provider_model"]},
+            {"key": "model", "label": "Model", "kind": "string", "default": default_model},
             {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
         ],
     }
@@ -173,26 +209,37 @@ def roots_hash(roots: list[str]) -> str:
     return hashlib.sha256(json.dumps(sorted(roots)).encode()).hexdigest()[:16]
 
 
-def binary_available(command: list[str]) -> tuple[bool, str | None]:
+def binary_available(command: list[str], search_path: str | None = None) -> tuple[bool, str | None]:
+    """Whether the command's program exists, looked up on ``search_path`` (default: ``$PATH``)
+    like the process start does with the agent's own PATH."""
     if not command:
         return False, None
     found = (
-        shutil.which(command[0])
+        shutil.which(command[0], path=search_path)
         if os.sep not in command[0]
         else (command[0] if os.access(command[0], os.X_OK) else None)
     )
     return found is not None, found
 
 
-def probe_version(command: list[str], timeout: float = 5.0) -> str | None:
-    """`<binary> --version`, first line; None if it does not answer in time."""
+def probe_version(command: list[str], timeout: float = 5.0, env: dict[str, str] | None = None) -> str | None:
+    """`<binary> --version`, first line; None if it does not answer in time. ``env``: the
+    process's whole environment (default: the base agent environment)."""
     import subprocess
 
-    available, path = binary_available(command)
+    env = agent_environment() if env is None else env
+    available, path = binary_available(command, env.get("PATH"))
     if not available or path is None:
         return None
     try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            [path, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            env=env,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = (done.stdout or done.stderr).strip().splitlines()
@@ -208,15 +255,18 @@ class AcpRuntime:
         self.display_name = spec.display_name
         self.provider = spec.provider
         self.policy = spec.policy
+        # The core's default `session_strategy` uses this: live binding, then load, then cold resume.
+        self.session_strategy = AcpSessionStrategy()
         self._bindings: dict[tuple[str, str, str], Binding] = {}
         self._start_lock = asyncio.Lock()
         self.initialize_result: dict[str, Any] | None = None
 
     # -- descriptor ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        available, path = binary_available(self.spec.command)
+        environment = self._environment()
+        available, path = binary_available(self.spec.command, environment.get("PATH"))
         if available and self.spec.version is None:
-            self.spec.version = probe_version(self.spec.command)
+            self.spec.version = probe_version(self.spec.command, env=environment)
         return {
             "capabilities": list(self.spec.capabilities),
             "availability": {
@@ -252,10 +302,9 @@ class AcpRuntime:
         if self.spec.prepare is not None:
             self.spec.prepare(process_dir)
         binding_box: dict[str, Binding] = {}
-        env = {**os.environ, **self.spec.env}
         process = AcpProcess(
             self.spec.command,
-            env=env,
+            env=self._environment(),
             cwd=str(process_dir),
             on_update=lambda session_id, update: self._on_update(binding_box["b"], session_id, update),
             on_permission=lambda params: self._on_permission(binding_box["b"], params),
@@ -276,21 +325,18 @@ class AcpRuntime:
         self._negotiate_policy(result, turn.services.get("plugins"))
         return binding
 
+    def _environment(self) -> dict[str, str]:
+        """The agent process's whole environment: the base one (or the gateway's with
+        `inherit_env`), then the spec's `env`."""
+        return agent_environment(self.spec.env, inherit=self.spec.inherit_env)
+
     def _negotiate_policy(self, result: dict[str, Any], plugins: Any) -> None:
         """The plugin's defaults, overridden by what the agent declares, then by the hook."""
         caps = result.get("agentCapabilities") or {}
-        session_caps = caps.get("sessionCapabilities") or {}
         mcp = caps.get("mcpCapabilities") or {}
-        prompt = caps.get("promptCapabilities") or {}
         policy = self.policy
         policy.load_session = bool(caps.get("loadSession", False))
-        policy.replay_on_load = policy.load_session
-        policy.resume_session = "resume" in session_caps
-        policy.fork_session = "fork" in session_caps
-        policy.close_session = "close" in session_caps
         policy.mcp_http = bool(mcp.get("http", False))
-        policy.mcp_sse = bool(mcp.get("sse", False))
-        policy.prompt_images = bool(prompt.get("image", False))
         agent_info = result.get("agentInfo") or {}
         if agent_info.get("version"):
             self.spec.version = str(agent_info["version"])
@@ -620,7 +666,8 @@ class AcpRuntime:
 
 
 class AcpSessionStrategy:
-    """The `session_strategy` for ACP runtimes: live binding, then load, then cold resume."""
+    """The session strategy of ACP runtimes (every :class:`AcpRuntime` carries one as its
+    ``session_strategy``): live binding, then load, then cold resume."""
 
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         return await runtime.bind(turn)

@@ -61,11 +61,3 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         )
     )
 
-
-@hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, ChatOnlyRuntime):
-        from agent_gateway import TranscriptStrategy
-
-        return TranscriptStrategy(runtime.max_history_turns, runtime.max_history_chars)
-    return None

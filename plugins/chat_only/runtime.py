@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from agent_gateway import RuntimePolicy, Turn, TurnOutcome
+from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome
 
 
 class UpstreamError(Exception):
@@ -40,9 +40,9 @@ class ChatOnlyRuntime:
         self.idle_timeout = idle_timeout
         self.max_history_turns = max_history_turns
         self.max_history_chars = max_history_chars
-        self.policy = RuntimePolicy(
-            context_carrier="transcript_rebuild", terminal_semantics="stream_end", cancel_keeps_session=True
-        )
+        self.policy = RuntimePolicy(context_carrier="transcript_rebuild")
+        # The core's default `session_strategy` uses this: the transcript, bounded as configured.
+        self.session_strategy = TranscriptStrategy(max_history_turns, max_history_chars)
         self._session: aiohttp.ClientSession | None = None
 
     def describe(self) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from agent_gateway import (
     ACP_SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
-    AcpSessionStrategy,
     RuntimePolicy,
     hookimpl,
     spec_options,
@@ -27,6 +26,9 @@ SECTION = "hermes"
 DEFAULTS: dict[str, Any] = {
     **ACP_SECTION_DEFAULTS,
     "command": ["hermes-acp"],
+    # When set, the plugin writes Hermes' config.yaml for this OpenAI-compatible endpoint.
+    "provider_base_url": "",
+    "provider_model": "",
     # "" = the user's own HERMES_HOME; with provider_base_url: <data_dir>/runtimes/hermes/home.
     "hermes_home": "",
     "provider_api_key": "",
@@ -94,15 +96,9 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         provider="hermes",
         env=env,
         process_dir=config.data_dir / "runtimes" / "hermes",
-        policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
+        policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
-        **spec_options(section),
+        **spec_options(section, default_model=section["provider_model"]),
     )
     register(AcpRuntime(spec))
 
-
-@hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, AcpRuntime) and runtime.agent_id == "hermes":
-        return AcpSessionStrategy()
-    return None

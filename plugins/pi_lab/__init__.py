@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "enabled": True,
     "command": ["pi"],
     "env": {},
+    "inherit_env": False,
     "provider_base_url": "",
     "provider_model": "",
     "provider_api_key": "",
@@ -57,6 +58,7 @@ def settings_from(config: Any) -> PiSettings:
     return PiSettings(
         command=list(section["command"]),
         env={k: str(v) for k, v in section["env"].items()},
+        inherit_env=bool(section["inherit_env"]),
         root=config.data_dir / "runtimes" / "pi",
         provider_base_url=section["provider_base_url"],
         provider_model=section["provider_model"],
@@ -83,13 +85,6 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
             settings.agent_dir, settings.provider_base_url, settings.provider_model, settings.provider_api_key
         )
     register(PiRuntime(settings))
-
-
-@hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, PiRuntime):
-        return PiSessionStrategy()
-    return None
 
 
 @hookimpl

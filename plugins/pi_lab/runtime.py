@@ -33,6 +33,7 @@ from agent_gateway import (
     SessionPlan,
     Turn,
     TurnOutcome,
+    agent_environment,
     cold_resume_packet,
     has_context,
     is_bare_short_reply,
@@ -63,6 +64,8 @@ class PiSettings:
     extra_args: list[str] = field(default_factory=list)
     max_processes: int = 4
     mcp_servers: dict[str, Any] = field(default_factory=dict)
+    # True: Pi gets the gateway's whole environment instead of the base agent environment.
+    inherit_env: bool = False
     start_timeout: float = 30.0
     cancel_grace: float = 10.0
 
@@ -194,21 +197,23 @@ class PiRuntime:
         self.settings = settings
         self.policy = RuntimePolicy(
             context_carrier="agent_session",
-            load_session=True,
-            replay_on_load=False,  # Pi reloads its JSONL itself; nothing is replayed to the client
-            resume_session=True,
+            load_session=True,  # Pi resumes its session file after a restart (`loaded`)
             mcp_http=True,
-            terminal_semantics="agent_settled",
-            cancel_keeps_session=True,
             extra={"steer": True, "followUp": True},
         )
+        # The core's default `session_strategy` uses this: live binding, then resume, then cold resume.
+        self.session_strategy = PiSessionStrategy()
         self.bindings: dict[tuple[Any, ...], Binding] = {}
         self._mcp_lock = asyncio.Lock()
 
     # -- descriptor ---------------------------------------------------------------------------
     def _binary(self) -> str | None:
         first = self.settings.command[0] if self.settings.command else ""
-        return first if os.path.isfile(first) and os.access(first, os.X_OK) else shutil.which(first)
+        if os.path.isfile(first) and os.access(first, os.X_OK):
+            return first
+        # Looked up on the PATH Pi itself will get.
+        environment = agent_environment(self.settings.env, inherit=self.settings.inherit_env)
+        return shutil.which(first, path=environment.get("PATH"))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -297,14 +302,18 @@ class PiRuntime:
 
     async def _spawn(self, turn: Turn, key: BindingKey, session_dir: Path, resume: Path | None) -> PiProcess:
         s = self.settings
-        env = {
-            **os.environ,
-            **s.env,
-            "PI_OFFLINE": "1",
-            "PI_TELEMETRY": "0",
-            "PI_CODING_AGENT_DIR": str(s.agent_dir),
-        }
-        env.update(await self._write_mcp_json(turn))
+        # The base agent environment (or the gateway's with inherit_env), the section's env, then
+        # what Pi needs from the gateway: offline, no telemetry, the gateway-owned agent directory.
+        env = agent_environment(
+            {
+                **s.env,
+                "PI_OFFLINE": "1",
+                "PI_TELEMETRY": "0",
+                "PI_CODING_AGENT_DIR": str(s.agent_dir),
+                **await self._write_mcp_json(turn),
+            },
+            inherit=s.inherit_env,
+        )
         argv = [*s.command, "--mode", "rpc", *LOCKDOWN_ARGS, "--session-dir", str(session_dir)]
         if s.provider_base_url:
             argv += ["--provider", PROVIDER_NAME, "--model", key.model or "default"]
@@ -498,9 +507,7 @@ class PiRuntime:
 
 
 class PiSessionStrategy:
-    async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
-        if isinstance(runtime, PiRuntime):
-            return await runtime.bind(turn)
-        from agent_gateway import TranscriptStrategy
+    """The session strategy a :class:`PiRuntime` carries as its ``session_strategy``."""
 
-        return await TranscriptStrategy().plan(turn, runtime)
+    async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
+        return await runtime.bind(turn)

@@ -20,7 +20,6 @@ from agent_gateway import (
     ACP_SECTION_DEFAULTS,
     AcpAgentSpec,
     AcpRuntime,
-    AcpSessionStrategy,
     RuntimePolicy,
     hookimpl,
     spec_options,
@@ -31,6 +30,9 @@ SECTION = "reasonix"
 DEFAULTS: dict[str, Any] = {
     **ACP_SECTION_DEFAULTS,
     "command": ["reasonix", "acp"],
+    # When set, the plugin writes Reasonix's provider configuration for this OpenAI-compatible endpoint.
+    "provider_base_url": "",
+    "provider_model": "",
     # "gateway": run in <data_dir>/runtimes/reasonix (needed for provider_base_url);
     # "workspace": run in the workspace root, using the user's own reasonix.toml there.
     "process_dir": "gateway",
@@ -99,17 +101,11 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         provider="reasonix",
         env={"REASONIX_TELEMETRY": "off", **env},
         process_dir=process_dir,
-        policy=RuntimePolicy(context_carrier="agent_session", load_session=True, replay_on_load=True),
+        policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
         # Reasonix replays its own host-generated context snapshot as a user message.
         replay_ignore_prefixes=("<session-context",),
-        **spec_options(section),
+        **spec_options(section, default_model=section["provider_model"]),
     )
     register(AcpRuntime(spec))
 
-
-@hookimpl
-def session_strategy(runtime: Any, config: Any) -> Any:
-    if isinstance(runtime, AcpRuntime) and runtime.agent_id == "reasonix":
-        return AcpSessionStrategy()
-    return None

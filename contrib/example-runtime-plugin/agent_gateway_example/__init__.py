@@ -42,7 +42,7 @@ class UpperRuntime:
         self.prefix = prefix
         self.chunk_size = chunk_size
         # The agent keeps no memory: the gateway's transcript is the only context there is.
-        self.policy = RuntimePolicy(context_carrier="transcript_rebuild", terminal_semantics="prompt_result")
+        self.policy = RuntimePolicy(context_carrier="transcript_rebuild")
 
     def describe(self) -> dict[str, Any]:
         return {
