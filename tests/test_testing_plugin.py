@@ -7,12 +7,14 @@ a fresh virtualenv: see tests/test_example_plugin.py."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from agent_gateway import RuntimePolicy, Turn, TurnOutcome, hookimpl
@@ -118,6 +120,16 @@ def test_a_stream_without_a_terminal_event_times_out_naming_what_came(agw_client
     events = agw_client.stream_to_end(receipt["hostRunId"])
     assert events[-1].event == "run.cancelled"
     assert events[-1].payload.get("reason") == "stopped on request"
+
+
+async def test_the_fixtures_serve_async_tests_too(agw_gateway: RunningGateway, agw_client: GatewayClient) -> None:
+    """The gateway has its own loop: an async test's client and the blocking client both work."""
+    receipt = agw_client.create_run("3", agent_id="scripted")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{agw_gateway.url}/v1/runs/{receipt['hostRunId']}/stream") as response:
+            body = await asyncio.wait_for(response.text(), 20)
+    assert body.count("event: message.delta") == 3 and "event: run.completed" in body
+    assert agw_client.stream_to_end(receipt["hostRunId"])[-1].event == "run.completed"
 
 
 def test_refusals_are_errors_with_the_gateways_code(agw_client: GatewayClient) -> None:
