@@ -13,6 +13,15 @@ exist.
 pip runs with `--no-build-isolation` when the environment can build a wheel offline (the `wheel`
 package, or setuptools >= 70.1 which ships `bdist_wheel`); otherwise it lets pip fetch the build
 requirements from the configured index.
+
+The example also carries its own tests (`contrib/example-runtime-plugin/tests`), written only
+against the fixtures agent-gateway installs for pytest (`agent_gateway.testing`). They run here in
+a fresh virtualenv where agent-gateway (built from a copy of this checkout) and the example are
+really installed, non-editable, as a plugin author's CI would have them. To stay within CI's time
+and work offline, the venv gets no packages from an index: a `.pth` file puts this interpreter's
+site-packages after the venv's own (the gateway's dependencies and pytest come from there), and
+both distributions are installed with `--no-deps`. Only the venv's copies of `agent_gateway` and
+`agent_gateway_example` are importable there (asserted), and the tests must pass.
 """
 
 from __future__ import annotations
@@ -163,3 +172,97 @@ async def test_load_plugins_env_can_leave_the_plugin_out(plugin_site: Path, tmp_
     assert rc == 0, err
     names = {info["name"] for info in json.loads(out)}
     assert "example_upper" not in names and {"chat_only", "core", "journal_peewee"} <= names  # built-ins stay
+
+
+# -- the example's own tests, in a fresh virtualenv --------------------------------------------------
+
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git", "build", "dist", "*.egg-info", "__pycache__", ".peers", "node_modules", ".pytest_cache", ".venv"
+)
+
+
+def dependency_dirs() -> list[str]:
+    """This interpreter's site-packages: where the gateway's dependencies and pytest are installed."""
+    dirs = [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages") and Path(path).is_dir()]
+    assert dirs, sys.path
+    return dirs
+
+
+def isolated_env(tmp_path: Path) -> dict[str, str]:
+    """No PYTHONPATH, virtualenv or pytest settings from the outer run."""
+    env = clean_env(tmp_path)
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):
+        env.pop(name, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """(venv dir, the example's source copy): a new virtualenv with agent-gateway and the
+    example installed (non-editable) from copies of the sources."""
+    work = tmp_path_factory.mktemp("fresh-venv")
+    gateway_source, example_source = work / "agent-gateway", work / "example"
+    shutil.copytree(ROOT, gateway_source, ignore=COPY_IGNORE)
+    shutil.copytree(SOURCE, example_source, ignore=COPY_IGNORE)
+    venv = work / "venv"
+    made = subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True, timeout=120
+    )
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    env = isolated_env(work)
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=True,
+    ).stdout.strip()
+    assert Path(purelib).is_relative_to(venv), purelib
+    (Path(purelib) / "_outer_dependencies.pth").write_text("\n".join(dependency_dirs()) + "\n")
+
+    command = [str(python), "-m", "pip", "install", "--no-deps", "--ignore-installed", "--no-input"]
+    command += ["--disable-pip-version-check"]
+    if can_build_offline():
+        command += ["--no-build-isolation", "--no-index"]
+    installed = subprocess.run(
+        [*command, str(gateway_source), str(example_source)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert installed.returncode == 0, f"pip install failed:\n{installed.stdout}\n{installed.stderr}"
+    yield venv, example_source
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_examples_own_tests_pass_in_a_fresh_venv(fresh_venv: tuple[Path, Path], tmp_path: Path) -> None:
+    venv, example_source = fresh_venv
+    python = str(venv / "bin" / "python")
+    env = isolated_env(tmp_path)
+
+    # What the tests will import is the venv's installed copy, not this checkout.
+    probe = "import agent_gateway, agent_gateway_example, agent_gateway.testing.pytest_plugin as p; "
+    probe += "print(agent_gateway.__file__); print(agent_gateway_example.__file__); print(p.__file__)"
+    where = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert where.returncode == 0, where.stderr
+    for path in where.stdout.split():
+        assert Path(path).is_relative_to(venv), where.stdout
+
+    done = subprocess.run(
+        [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "--timeout", "120"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=example_source,
+    )
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    # Every test of the example ran there, on the agw_* fixtures of the installed pytest plugin.
+    passed = {line.split("::")[-1] for line in done.stdout.splitlines() if line.startswith("PASSED ")}
+    assert {
+        "test_a_run_streams_the_message_upper_cased",
+        "test_cancel_stops_the_reply_at_once",
+        "test_the_descriptor",
+        "test_the_distribution_declares_its_entry_point",
+    } <= passed, report
+    assert "failed" not in done.stdout.splitlines()[-1], report

@@ -69,6 +69,7 @@ def test_entry_points_name_only_the_installed_package(wheel: Path) -> None:
         parser.read_string(archive.read(path).decode())
     values = [value for section in parser.sections() for value in parser[section].values()]
     assert set(parser["agent_gateway"]) == BUILT_INS
+    assert parser["pytest11"]["agent_gateway"] == "agent_gateway.testing.pytest_plugin"
     assert values and all(value.startswith("agent_gateway.") for value in values), values
 
 

@@ -12,10 +12,12 @@ The gateway finds it through the ``agent_gateway`` entry point declared in this 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from agent_gateway import RuntimePolicy, Turn, TurnOutcome, hookimpl
+from agent_gateway import Config, RuntimePolicy, Turn, TurnOutcome, hookimpl
 
 __version__ = "0.1.0"
 
@@ -27,20 +29,23 @@ DEFAULTS: dict[str, Any] = {
     "prefix": "",
     # Characters per message.delta event.
     "chunk_size": 4,
+    # Seconds to wait after each chunk (0: none), as a real agent's output arrives over time.
+    "delay": 0.0,
 }
 
 
 class UpperRuntime:
     """The runtime object the gateway drives: an id, a policy, ``describe()``, ``run_turn()``,
-    ``close()`` (see :class:`gateway.runtime.Runtime`)."""
+    ``close()`` (the ``agent_gateway.Runtime`` protocol)."""
 
     agent_id = "example-upper"
     display_name = "Example: upper-case echo"
     provider = "example"
 
-    def __init__(self, prefix: str = "", chunk_size: int = 4) -> None:
+    def __init__(self, prefix: str = "", chunk_size: int = 4, delay: float = 0.0) -> None:
         self.prefix = prefix
         self.chunk_size = chunk_size
+        self.delay = delay
         # The agent keeps no memory: the gateway's transcript is the only context there is.
         self.policy = RuntimePolicy(context_carrier="transcript_rebuild")
 
@@ -57,6 +62,10 @@ class UpperRuntime:
             if turn.cancel_requested.is_set():
                 return TurnOutcome("cancelled", "cancelled by the client")
             await turn.emit("message.delta", {"text": text[start : start + self.chunk_size]})
+            if self.delay:
+                # Pace the output; a cancel ends the wait at once.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(turn.cancel_requested.wait(), self.delay)
         await turn.emit("message.completed", {"text": text})
         return TurnOutcome("completed")
 
@@ -65,9 +74,12 @@ class UpperRuntime:
 
 
 def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
     if section["chunk_size"] <= 0:
-        return [("chunk_size", "must be positive")]
-    return []
+        problems.append(("chunk_size", "must be positive"))
+    if section["delay"] < 0:
+        problems.append(("delay", "must not be negative"))
+    return problems
 
 
 @hookimpl
@@ -76,7 +88,7 @@ def config_sections(register: Callable[..., None]) -> None:
 
 
 @hookimpl
-def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
+def register_runtimes(register: Callable[[Any], None], config: Config) -> None:
     section = config.section(SECTION)
     if section["enabled"]:
-        register(UpperRuntime(prefix=section["prefix"], chunk_size=int(section["chunk_size"])))
+        register(UpperRuntime(section["prefix"], int(section["chunk_size"]), float(section["delay"])))
