@@ -8,6 +8,12 @@ refused or failed call still gets a receipt (``allowed: false`` with the reason)
 ``tool.completed`` event with ``status: "failed"``, then :class:`ToolError` is raised to the
 caller. Receipts and events never carry file contents beyond a short diff head.
 
+A call that wrote a file is also reported as ``files.changed`` (``cause: "tool"``, its
+``receiptId``, the before/after versions) on the calling run's journal, right after its
+``tool.completed`` and before the call returns — so before the run can end. Write observers (the
+workspace watcher) hear of every write before it starts and after it ends, so they can tell its
+inotify echo from a change no tool made.
+
 Tools come from the ``register_tools`` hook as :class:`Tool` objects. Paths named by a tool's
 ``path_arguments`` (and by its ``scope_paths``, e.g. the run's current page) are resolved by
 :mod:`agent_gateway.paths` before the handler runs; the handler finds them in ``call.paths`` and must
@@ -25,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_gateway.models import Run, now_ms
 from agent_gateway.paths import FileVersion, PathError, ResolvedPath, current_version, resolve_path
@@ -228,6 +234,16 @@ class ToolCall:
         self.after_version = after_version
 
 
+class WriteObserver(Protocol):
+    """Told about every write a tool may make (``Tool.writes``): ``write_started`` before the
+    handler runs, ``write_ended`` once the call is over — with the ``files.changed`` entry when it
+    wrote (and its receipt is stored), None when it was refused or failed. Every start has one end."""
+
+    def write_started(self, call: ToolCall) -> None: ...
+
+    async def write_ended(self, call: ToolCall, change: dict[str, Any] | None) -> None: ...
+
+
 # -- argument validation ---------------------------------------------------------------------------
 
 _TYPES: dict[str, Callable[[Any], bool]] = {
@@ -361,6 +377,25 @@ def _shorten(value: Any, depth: int = 0) -> Any:
     return value
 
 
+def file_change(call: ToolCall, receipt: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``files.changed`` entry for a call that wrote its primary path, else None."""
+    primary = call.path
+    if call.write is None or primary is None or not receipt.get("allowed"):
+        return None
+    change: dict[str, Any] = {
+        "path": primary.relative,
+        "change": "added" if call.write.before is None else "modified",
+        "cause": "tool",
+        "receiptId": receipt["receiptId"],
+        "toolCallId": call.id,
+    }
+    if call.write.before_version is not None:
+        change["beforeVersion"] = call.write.before_version.to_wire()
+    if call.write.after_version is not None:
+        change["afterVersion"] = call.write.after_version.to_wire()
+    return change
+
+
 # -- the facade ---------------------------------------------------------------------------------------
 
 
@@ -381,6 +416,7 @@ class ToolFacade:
         self.journal = journal
         self.workspace_roots = dict(workspace_roots or {})
         self._tools: dict[str, Tool] = {}
+        self.write_observers: list[WriteObserver] = []
         # Re-resolved on the server when each run starts, whatever a client cached.
         self.disabled_by_run: dict[str, frozenset[str]] = {}
         for tool in tools:
@@ -445,30 +481,60 @@ class ToolFacade:
             requested_path = None
             if tool.writes and call.path is not None:
                 await self._check_version(call)
-            await self._started(call)
-            started = True
-            try:
-                reason = self.plugins.tool_call_veto(call) if self.plugins is not None else None
-            except Exception as exc:  # a broken policy plugin fails closed
-                log.exception("tool_call_veto raised for %s", name)
-                reason = f"a veto hook failed ({type(exc).__name__}); refused to be safe"
-            if reason:
-                raise ToolError("vetoed", str(reason))
-            result = await tool.handler(call)
-            if not isinstance(result, dict):
-                raise ToolError("handler_failed", f"{tool.name} returned {type(result).__name__}, not an object")
         except (ToolError, PathError) as exc:
             error = exc if isinstance(exc, ToolError) else ToolError(exc.code, str(exc))
-            await self._refused(call, error, started, requested_path)
+            await self._refused(call, error, False, requested_path)
             raise error from (None if exc is error else exc)
-        except Exception as exc:
-            log.exception("tool %s failed", name)
-            error = ToolError("handler_failed", f"{name} failed: {type(exc).__name__}: {str(exc)[:300]}")
-            await self._refused(call, error, started, requested_path, status="failed")
-            raise error from exc
-        receipt = await self._receipt(call, allowed=True, reason=None, code=None, status="completed")
-        await self._completed_event(call, receipt, None)
-        return {**result, "receiptId": receipt["receiptId"]}
+        watched = self._write_started(call) if tool.writes and call.path is not None else []
+        change: dict[str, Any] | None = None
+        try:
+            try:
+                await self._started(call)
+                started = True
+                try:
+                    reason = self.plugins.tool_call_veto(call) if self.plugins is not None else None
+                except Exception as exc:  # a broken policy plugin fails closed
+                    log.exception("tool_call_veto raised for %s", name)
+                    reason = f"a veto hook failed ({type(exc).__name__}); refused to be safe"
+                if reason:
+                    raise ToolError("vetoed", str(reason))
+                result = await tool.handler(call)
+                if not isinstance(result, dict):
+                    raise ToolError("handler_failed", f"{tool.name} returned {type(result).__name__}, not an object")
+            except (ToolError, PathError) as exc:
+                error = exc if isinstance(exc, ToolError) else ToolError(exc.code, str(exc))
+                await self._refused(call, error, started, requested_path)
+                raise error from (None if exc is error else exc)
+            except Exception as exc:
+                log.exception("tool %s failed", name)
+                error = ToolError("handler_failed", f"{name} failed: {type(exc).__name__}: {str(exc)[:300]}")
+                await self._refused(call, error, started, requested_path, status="failed")
+                raise error from exc
+            receipt = await self._receipt(call, allowed=True, reason=None, code=None, status="completed")
+            await self._completed_event(call, receipt, None)
+            change = file_change(call, receipt)
+            if change is not None:
+                # On the calling run, before the call returns: the run cannot end before it.
+                await self._emit(call, "files.changed", {"workspaceId": call.scope.workspace_id, "changes": [change]})
+            return {**result, "receiptId": receipt["receiptId"]}
+        finally:
+            for observer in watched:
+                try:
+                    await observer.write_ended(call, change)
+                except Exception:
+                    log.exception("a write observer failed after %s", name)
+
+    def _write_started(self, call: ToolCall) -> list[WriteObserver]:
+        """Tell the write observers a write may happen; returns those told (each gets its end)."""
+        told: list[WriteObserver] = []
+        for observer in self.write_observers:
+            try:
+                observer.write_started(call)
+            except Exception:
+                log.exception("a write observer failed before %s", call.name)
+                continue
+            told.append(observer)
+        return told
 
     async def _check_version(self, call: ToolCall) -> None:
         resolved = call.path

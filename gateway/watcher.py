@@ -4,20 +4,23 @@ When a run of a workspace starts, the watcher watches (watchfiles' ``awatch``: i
 polling loop) the allowed roots of that workspace's active runs; when no run of the workspace
 has been active for ``linger_seconds`` it stops. Every batch of changes becomes
 
-    files.changed {workspaceId, changes: [{path, change: added|modified|deleted,
-                                           cause: "tool"|"external", receiptId?}]}
+    files.changed {workspaceId, changes: [{path, change: added|modified|deleted, cause: "external"}]}
 
 on the journal of each active run of the workspace (only the changes inside that run's allowed
 roots) and on the workspace's own topic ``ws:<workspaceId>`` (all of them), which
 ``GET /v1/workspaces/{workspaceId}/events`` streams like a run (``Last-Event-ID`` resumes it;
 the topic has no terminal event).
 
-Writes made through the tool facade are recognised, not reported as someone else's: the
-``tool_call_completed`` hook (registered by the watcher itself) records the path and the sha256
-it left; a change that matches is reported once with ``cause: "tool"`` and the call's
-``receiptId``. A change whose content is what was last reported for that path (a rename, a
-second inotify event of one write) is not reported again. The facade's own temporary files
-(``.ag-tmp-*``) are ignored.
+A change made through the tool facade is not the watcher's to report: the facade puts it on the
+calling run's journal itself (``cause: "tool"``, its ``receiptId``, before the call returns, so
+before that run ends) and tells the watcher, as a write observer, before the write starts and after
+it ends. The watcher then puts it on the workspace topic (with its receipt) and drops its inotify
+echo — whenever that arrives, so a write never reaches another run, nor a run that started after
+it. A batch waits while a facade write to one of its paths is in flight, so the echo is recognised
+by the content the write left (sha256), not by timing. Runs hear from the watcher only of changes
+no tool made (``cause: "external"``: the agent's own writes, an editor, ...). A change whose
+content is what was last reported for that path (a rename, a second inotify event of one write)
+is not reported again. The facade's own temporary files (``.ag-tmp-*``) are ignored.
 """
 
 from __future__ import annotations
@@ -35,18 +38,21 @@ from typing import TYPE_CHECKING, Any
 
 from watchfiles import Change, awatch
 
-from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Run
 from agent_gateway.paths import allowed_roots_of
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
+    from agent_gateway.tools import ToolCall
 
 log = logging.getLogger("agent_gateway.watcher")
 
 TOPIC_PREFIX = "ws:"
 TMP_PREFIX = ".ag-tmp-"
 HASH_MAX_BYTES = 64 * 1024 * 1024
+# Longest a batch waits for facade writes in flight on its paths (a write is one atomic rename;
+# this bounds a stuck handler, it is not a timing guess).
+PENDING_WAIT_SECONDS = 10.0
 ACTIVE = frozenset({"pending", "queued", "running", "awaiting_permission"})
 
 
@@ -81,7 +87,6 @@ def _inside(path: str, directory: str) -> bool:
 class FacadeWrite:
     sha256: str
     receipt_id: str
-    created: bool
     expires: float
 
 
@@ -94,21 +99,6 @@ class _Watch:
     task: asyncio.Task[None] | None = None
 
 
-class _FacadeHook:
-    """The `tool_call_completed` implementation that tells the watcher about facade writes."""
-
-    def __init__(self, watcher: Watcher) -> None:
-        self.watcher = watcher
-
-    @hookimpl
-    def tool_call_completed(self, call: Any, receipt: dict[str, Any]) -> None:
-        if not receipt.get("allowed") or call.write is None or call.path is None or call.after_version is None:
-            return
-        self.watcher.record_facade_write(
-            str(call.path.absolute), call.after_version.sha256, receipt["receiptId"], created=call.write.before is None
-        )
-
-
 class Watcher:
     """Construct once per app (``Gateway.__init__``), ``await start()`` after the journal started,
     ``await stop()`` before it closes."""
@@ -119,7 +109,6 @@ class Watcher:
         *,
         linger_seconds: float = 30.0,
         facade_window_seconds: float = 30.0,
-        settle_seconds: float = 0.3,
         debounce_ms: int = 400,
         step_ms: int = 50,
     ) -> None:
@@ -129,17 +118,19 @@ class Watcher:
         self._real_roots = {ws: os.path.realpath(path) for ws, path in self.workspace_roots.items()}
         self.linger = linger_seconds
         self.facade_window = facade_window_seconds
-        self.settle = settle_seconds
         self.debounce_ms = debounce_ms
         self.step_ms = step_ms
         self._watches: dict[str, _Watch] = {}
         self._stop_timers: dict[str, asyncio.TimerHandle] = {}
         self._facade: dict[str, list[FacadeWrite]] = {}
+        # Facade writes in flight, by absolute path (a batch touching one waits for its end).
+        self._pending: dict[str, int] = {}
+        self._writes_ended = asyncio.Event()
         self._last_sha: dict[str, str | None] = {}
         self._started = False
         self._rewatched = asyncio.Event()
         self.batches = 0
-        gateway.plugins.register(_FacadeHook(self), name="gateway.watcher")
+        gateway.tools.write_observers.append(self)
         gateway.runs.listeners.append(self._on_run)
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -271,11 +262,37 @@ class Watcher:
         except Exception:
             log.exception("watching %s (%s) failed", watch.workspace_id, ", ".join(watch.roots))
 
-    # -- facade writes ------------------------------------------------------------------------------
-    def record_facade_write(self, absolute: str, sha256: str, receipt_id: str, created: bool = False) -> None:
+    # -- facade writes (the tool facade's write observer) --------------------------------------------
+    def write_started(self, call: ToolCall) -> None:
+        primary = call.path
+        if primary is None:
+            return
+        absolute = str(primary.absolute)
+        self._pending[absolute] = self._pending.get(absolute, 0) + 1
+
+    async def write_ended(self, call: ToolCall, change: dict[str, Any] | None) -> None:
+        primary = call.path
+        if primary is None:
+            return
+        absolute = str(primary.absolute)
+        try:
+            after = call.after_version
+            if change is not None and after is not None:
+                self.record_facade_write(absolute, after.sha256, str(change["receiptId"]))
+                self._last_sha[absolute] = after.sha256
+                await self._publish_topic(call.scope.workspace_id, [change])
+        finally:
+            left = self._pending.get(absolute, 0) - 1
+            if left > 0:
+                self._pending[absolute] = left
+            else:
+                self._pending.pop(absolute, None)
+            self._writes_ended.set()
+
+    def record_facade_write(self, absolute: str, sha256: str, receipt_id: str) -> None:
         now = time.monotonic()
         entries = [e for e in self._facade.get(absolute, []) if e.expires > now]
-        entries.append(FacadeWrite(sha256, receipt_id, created, now + self.facade_window))
+        entries.append(FacadeWrite(sha256, receipt_id, now + self.facade_window))
         self._facade[absolute] = entries[-8:]
         for path in [p for p, es in self._facade.items() if all(e.expires <= now for e in es)]:
             del self._facade[path]
@@ -288,6 +305,24 @@ class Watcher:
             if entry.expires > now and entry.sha256 == sha:
                 return entry
         return None
+
+    async def _probe_settled(self, paths: list[str]) -> dict[str, tuple[str | None, bool, bool]]:
+        """Probe ``paths`` when no facade write to any of them is in flight (again when one started
+        during the probe): what the probe saw is then either no tool's doing or a write already
+        recorded by ``write_ended``. A write that never ends is waited for a bounded time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PENDING_WAIT_SECONDS
+        while True:
+            while any(p in self._pending for p in paths) and loop.time() < deadline:
+                self._writes_ended.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(deadline):
+                        await self._writes_ended.wait()
+            probed: dict[str, tuple[str | None, bool, bool]] = await loop.run_in_executor(
+                self.gateway.executor, _probe, paths
+            )
+            if loop.time() >= deadline or not any(p in self._pending for p in paths):
+                return probed
 
     # -- changes ------------------------------------------------------------------------------------
     async def _handle(self, workspace_id: str, raw: Iterable[tuple[Change, str]]) -> None:
@@ -302,50 +337,43 @@ class Watcher:
             by_path.setdefault(path, set()).add(change)
         if not by_path:
             return
-        loop = asyncio.get_running_loop()
-        probed = await loop.run_in_executor(self.gateway.executor, _probe, list(by_path))
-        shas = {p: info[0] for p, info in probed.items()}
-        # A facade write is recorded just after its file is renamed into place: a change that does
-        # not match yet gets a moment for the hook to run before it is called external.
-        if any(self._facade_match(p, s) is None and s is not None for p, s in shas.items()):
-            await asyncio.sleep(self.settle)
+        probed = await self._probe_settled(list(by_path))
         changes: list[dict[str, Any]] = []
         for path, kinds in sorted(by_path.items()):
             sha, exists, is_dir = probed[path]
             if is_dir:
                 continue  # directories: their files are reported
+            known = path in self._last_sha
             previous = self._last_sha.get(path, "<unknown>")
             if exists and sha is not None and previous == sha:
                 continue  # already reported this content
-            if not exists and path in self._last_sha and previous is None:
+            if not exists and known and previous is None:
                 continue  # already reported deleted
-            entry = self._facade_match(path, sha)
+            self._last_sha[path] = sha if exists else None
+            if exists and self._facade_match(path, sha) is not None:
+                continue  # the echo of a facade write: the facade reported it on its run
             if not exists:
                 kind = "deleted"
-            elif entry is not None:
-                kind = "added" if entry.created else "modified"
-            elif Change.added in kinds and path not in self._last_sha:
+            elif Change.added in kinds and not known:
                 kind = "added"
             else:
                 kind = "modified"
-            self._last_sha[path] = sha if exists else None
             rel = path[len(base_real) :].lstrip(os.sep).replace(os.sep, "/") if _inside(path, base_real) else path
-            item: dict[str, Any] = {"path": rel, "change": kind, "cause": "tool" if entry else "external"}
-            if entry is not None:
-                item["receiptId"] = entry.receipt_id
-            changes.append({"_abs": path, **item})
+            changes.append({"_abs": path, "path": rel, "change": kind, "cause": "external"})
         if not changes:
             return
         self.batches += 1
         await self._publish(workspace_id, changes)
 
-    async def _publish(self, workspace_id: str, changes: list[dict[str, Any]]) -> None:
-        public = [{k: v for k, v in c.items() if k != "_abs"} for c in changes]
+    async def _publish_topic(self, workspace_id: str, public: list[dict[str, Any]]) -> None:
         topic = topic_for(workspace_id)
         if self.journal.is_open(topic):
             await self.journal.append(
                 topic, "files.changed", {"workspaceId": workspace_id, "changes": public}, "watcher"
             )
+
+    async def _publish(self, workspace_id: str, changes: list[dict[str, Any]]) -> None:
+        await self._publish_topic(workspace_id, [{k: v for k, v in c.items() if k != "_abs"} for c in changes])
         for run in self._active_runs(workspace_id):
             roots = self._run_roots(run)
             mine = [

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -39,6 +40,7 @@ from agent_gateway.app import GATEWAY_KEY
 from agent_gateway.config import Config
 from agent_gateway.models import Run
 from agent_gateway.plugins.lightrag import service_of
+from agent_gateway.plugins.lightrag.mapping import encode_source
 from agent_gateway.plugins.lightrag.service import Where, wait_processed
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from agent_gateway.tools import RunScope, ToolError
@@ -108,6 +110,9 @@ class LlmScript:
 
     hang_answers: bool = False
     answer_arrived: threading.Event = field(default_factory=threading.Event)
+    # Names the answer's reference list adds to those LightRAG gave (a model citing what it was
+    # not given, e.g. another workspace's file).
+    extra_references: list[str] = field(default_factory=list)
 
     def __call__(self, body: dict[str, Any]) -> Reply | str:
         messages = body.get("messages") or []
@@ -126,6 +131,7 @@ class LlmScript:
         # An answer that cites like a real model: it repeats the reference list LightRAG gave it
         # (with the provider's file names), which the gateway must map back to workspace paths.
         refs = re.findall(r"^\s*[-*]?\s*\[(\d+)\]\s*(\S+)\s*$", system, re.MULTILINE)
+        refs += [(str(len(refs) + i + 1), name) for i, name in enumerate(self.extra_references)]
         listing = "\n".join(f"- [{n}] {name}" for n, name in refs)
         return f"The Acme Widget is blue and the zebra is striped.\n\n### References\n{listing}"
 
@@ -561,3 +567,197 @@ async def test_server_stopped_mid_query_is_a_clear_tool_error_and_the_run_goes_o
         script.hang_answers = False
         await made.close()
         server.stop()
+
+
+# -- workspaces: isolated at the provider, and answers that name no other workspace's file ----------------
+
+WS_A, WS_B = "local:a", "local:b"
+QUERY = "Compare the Acme Widget and the striped zebra"
+
+
+def two_workspaces(base: Path) -> dict[str, Path]:
+    """Workspace A holds the widget note, B the zebra note (distinct documents)."""
+    roots = {WS_A: base / "ws-a", WS_B: base / "ws-b"}
+    (roots[WS_A] / "notes").mkdir(parents=True)
+    (roots[WS_A] / "notes" / "widget.md").write_text(WIDGET)
+    (roots[WS_B] / "research").mkdir(parents=True)
+    (roots[WS_B] / "research" / "zebra.md").write_text(ZEBRA)
+    return roots
+
+
+async def knowledge_gateway(roots: dict[str, Path], data: Path, lightrag: dict[str, Any]) -> TestClient:
+    config = Config.load(
+        None,
+        env={},
+        overrides={
+            "gateway": {"data_dir": str(data)},
+            "chat_only": {"base_url": "http://127.0.0.1:9/v1", "model": "m"},
+            "workspaces": {"roots": {ws: str(path) for ws, path in roots.items()}},
+            "lightrag": {"api_key": API_KEY, "mode": "mix", "timeout_seconds": 60.0, **lightrag},
+        },
+    )
+    client = TestClient(TestServer(build_app(config, plugin_host())))
+    await client.start_server()
+    return client
+
+
+def where_in(client: TestClient, workspace_id: str) -> Where:
+    gateway = client.app[GATEWAY_KEY]
+
+    async def in_thread(fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(gateway.executor, fn, *args)
+
+    return Where(workspace_id, gateway.config.workspace_roots[workspace_id], [""], in_thread)
+
+
+async def add_to(client: TestClient, seen: Seen, workspace_id: str, path: str) -> None:
+    """Add a workspace file through the gateway's HTTP route and wait until it is indexed."""
+    response = await client.post("/v1/knowledge/documents", json={"workspaceId": workspace_id, "path": path})
+    body = seen.add(await response.json())
+    assert response.status == 202, body
+    service = service_of(client.app[GATEWAY_KEY])
+    assert service is not None
+    tracked = await wait_processed(service, where_in(client, workspace_id), body["trackId"], timeout=WAIT)
+    assert [d["status"] for d in tracked["documents"]] == ["processed"], tracked
+
+
+async def query_from(client: TestClient, seen: Seen, workspace_id: str) -> dict[str, Any]:
+    """knowledge_rag.query through the tool facade, for a run of ``workspace_id``."""
+    run = Run(
+        host_run_id="run_" + os.urandom(6).hex(),
+        request_id="r",
+        agent_id="kb-agent",
+        provider="test",
+        session_id="s",
+        actor_id="local",
+        workspace_id=workspace_id,
+        request={"message": "x", "context": {"allowedRoots": [""]}},
+    )
+    gateway = client.app[GATEWAY_KEY]
+    return seen.add(await gateway.tools.call("knowledge_rag.query", {"query": QUERY}, gateway.tools.scope_for(run)))
+
+
+async def provider_answer(server: LightRAG) -> str:
+    """What the provider itself answers the query (its model's text, reference list included)."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            server.url + "/query",
+            json={"query": QUERY, "mode": "mix", "include_references": True, "stream": False},
+            headers={"X-API-Key": API_KEY},
+        ) as response:
+            assert response.status == 200, await response.text()
+            return str((await response.json())["response"])
+
+
+async def provider_documents(server: LightRAG) -> list[str]:
+    """The file names of every document the provider holds."""
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            server.url + "/documents/paginated", json={"page": 1, "page_size": 100}, headers={"X-API-Key": API_KEY}
+        ) as response:
+            assert response.status == 200, await response.text()
+            return [str(d["file_path"]) for d in (await response.json())["documents"]]
+
+
+def names_of_a(text: str) -> list[str]:
+    """Every way ``text`` could name workspace A's document."""
+    return [n for n in ("widget.md", "local%3Aa", "local:a", encode_source(WS_A, "notes/widget.md")) if n in text]
+
+
+async def test_each_workspace_has_its_own_server_and_its_answers_name_only_its_files(
+    llm: tuple[FakeOpenAI, LlmScript], tmp_path: Path
+) -> None:
+    """``workspace_urls``: A and B on their own LightRAG servers. B's documents and queries go only
+    to B's server; its query returns only B's references, and when the provider's answer lists A's
+    file too (the model scripted to cite it), the answer text B gets names none of A's files."""
+    fake, script = llm
+    server_a = start_lightrag(tmp_path / "rag-a", fake.base_url)
+    server_b = start_lightrag(tmp_path / "rag-b", fake.base_url)
+    roots = two_workspaces(tmp_path)
+    client = await knowledge_gateway(
+        roots, tmp_path / "gw", {"url": "", "workspace_urls": {WS_A: server_a.url, WS_B: server_b.url}}
+    )
+    seen_a, seen_b = Seen(server_a), Seen(server_b)
+    try:
+        await add_to(client, seen_a, WS_A, "notes/widget.md")
+        await add_to(client, seen_b, WS_B, "research/zebra.md")
+        # Isolation at the provider: each server holds its own workspace's document only.
+        assert await provider_documents(server_a) == [encode_source(WS_A, "notes/widget.md")]
+        assert await provider_documents(server_b) == [encode_source(WS_B, "research/zebra.md")]
+
+        script.extra_references = [encode_source(WS_A, "notes/widget.md"), "widget.md"]
+        from_b = await query_from(client, seen_b, WS_B)
+        raw = await provider_answer(server_b)
+        assert encode_source(WS_A, "notes/widget.md") in raw and "- [3] widget.md" in raw, raw  # as scripted
+        assert [r["sourcePath"] for r in from_b["references"]] == ["research/zebra.md"], from_b["references"]
+        assert from_b["sourceScope"]["workspaceIsolation"] == "provider"
+        assert from_b["sourceScope"]["otherWorkspaceReferencesDropped"] == 0
+        assert "- [1] research/zebra.md" in from_b["answer"], from_b["answer"]
+        assert names_of_a(from_b["answer"]) == [], from_b["answer"]
+        over_http = await client.post("/v1/knowledge/query", json={"workspaceId": WS_B, "query": QUERY})
+        body = seen_b.add(await over_http.json())
+        assert over_http.status == 200, body
+        assert [r["sourcePath"] for r in body["references"]] == ["research/zebra.md"]
+        assert names_of_a(json.dumps(body)) == [], body
+
+        gateway = client.app[GATEWAY_KEY]
+        b_run = Run("run_st", "r", "kb-agent", "test", "s", "local", WS_B, request={"context": {"allowedRoots": [""]}})
+        status = seen_b.add(await gateway.tools.call("knowledge_rag.status", {}, gateway.tools.scope_for(b_run)))
+        assert (status["available"], status["providerVersion"]) == (True, "1.5.7"), status  # B's own server
+
+        # ... and the other way round: A sees its widget note, never B's zebra note.
+        script.extra_references = [encode_source(WS_B, "research/zebra.md")]
+        from_a = await query_from(client, seen_a, WS_A)
+        assert [r["sourcePath"] for r in from_a["references"]] == ["notes/widget.md"], from_a["references"]
+        assert "zebra.md" not in from_a["answer"] and "local%3Ab" not in from_a["answer"], from_a["answer"]
+        listed = await client.get("/v1/knowledge/documents", params={"workspaceId": WS_B})
+        assert [d["sourcePath"] for d in seen_b.add(await listed.json())["documents"]] == ["research/zebra.md"]
+        seen_a.check()
+        seen_b.check()
+    finally:
+        script.extra_references = []
+        await client.close()
+        server_a.stop()
+        server_b.stop()
+
+
+async def test_on_a_shared_server_answers_name_no_other_workspace_file(
+    llm: tuple[FakeOpenAI, LlmScript], tmp_path: Path
+) -> None:
+    """Both workspaces on one server (``url``): B's query retrieves A's note too; its reference is
+    dropped and the answer's reference list — which names both, as LightRAG gave them to the
+    model — is rewritten to B's file only."""
+    fake, _ = llm
+    server = start_lightrag(tmp_path / "rag", fake.base_url)
+    client = await knowledge_gateway(two_workspaces(tmp_path), tmp_path / "gw", {"url": server.url})
+    seen = Seen(server)
+    try:
+        await add_to(client, seen, WS_A, "notes/widget.md")
+        await add_to(client, seen, WS_B, "research/zebra.md")
+        raw = await provider_answer(server)
+        assert encode_source(WS_A, "notes/widget.md") in raw and encode_source(WS_B, "research/zebra.md") in raw
+        from_b = await query_from(client, seen, WS_B)
+        assert [r["sourcePath"] for r in from_b["references"]] == ["research/zebra.md"], from_b["references"]
+        assert from_b["sourceScope"]["otherWorkspaceReferencesDropped"] == 1
+        assert from_b["sourceScope"]["workspaceIsolation"] == "shared"
+        assert "research/zebra.md" in from_b["answer"] and "### References" in from_b["answer"], from_b["answer"]
+        assert names_of_a(from_b["answer"]) == [], from_b["answer"]
+        seen.check()
+    finally:
+        await client.close()
+        server.stop()
+
+
+def test_workspace_urls_are_checked(tmp_path: Path) -> None:
+    from tests.test_config import load, write
+
+    path = write(
+        tmp_path,
+        '[lightrag]\nworkspace_urls = { "local:a" = "ftp://rag", "local:b" = "http://127.0.0.1:9622" }\n'
+        'citation_url = "http://127.0.0.1:9622/{path}"\n',
+    )
+    problems = load(path).problems()
+    assert f'{path}: lightrag.workspace_urls."local:a": must be a URL starting with http:// or https://' in problems
+    assert f"{path}: lightrag.citation_url: must not point at a provider (its URL is never given to clients)" in (
+        problems
+    )

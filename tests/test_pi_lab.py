@@ -424,14 +424,17 @@ async def test_workspace_tools_through_mcp_change_the_file(
     assert all(e["data"]["payload"]["receiptId"] for e in facade)
     assert any(e["event"] == "tool.completed" and e["data"]["source"] == "pi-lab" for e in events)
     assert set(kinds(events)) & TERMINAL_KINDS == {"run.completed"}
-    # The watcher saw the patch and attributes it to the facade call (the workspace stream keeps it).
+    # The patch is on this run's own stream (before its end) with the facade call's receipt, and on
+    # the workspace stream.
     patch_receipt = facade[1]["data"]["payload"]["receiptId"]
+    own = [c for e in events if e["event"] == "files.changed" for c in e["data"]["payload"]["changes"]]
+    assert [(c["path"], c["cause"], c["receiptId"]) for c in own] == [("notes/today.md", "tool", patch_receipt)]
     async with asyncio.timeout(TURN_TIMEOUT), client.get("/v1/workspaces/local:ws/events") as response:
         async for event in sse_events(response):
             changes = event["data"]["payload"]["changes"] if event["event"] == "files.changed" else []
             if any(c["path"] == "notes/today.md" for c in changes):
                 change = next(c for c in changes if c["path"] == "notes/today.md")
-                assert change == {
+                assert {k: change.get(k) for k in ("path", "change", "cause", "receiptId")} == {
                     "path": "notes/today.md",
                     "change": "modified",
                     "cause": "tool",

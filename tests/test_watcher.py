@@ -11,6 +11,7 @@ when no run of the workspace is active. Every wait is bounded; writes are synchr
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -213,13 +214,17 @@ async def test_facade_write_is_reported_once_with_its_receipt(
             page = await stream.until(changed("notes/page.md"))
             made_change = next(c for c in made["data"]["payload"]["changes"] if c["path"] == "notes/made.md")
             page_change = next(c for c in page["data"]["payload"]["changes"] if c["path"] == "notes/page.md")
-            assert made_change == {
+            assert made_change["afterVersion"]["sha256"] == hashlib.sha256(b"by tool\n").hexdigest()
+            assert "beforeVersion" not in made_change  # created
+            assert {k: made_change[k] for k in ("path", "change", "cause", "receiptId")} == {
                 "path": "notes/made.md",
                 "change": "added",
                 "cause": "tool",
                 "receiptId": created["receiptId"],
             }
-            assert page_change == {
+            assert page_change["beforeVersion"]["sha256"] == hashlib.sha256(b"alpha\nbeta\n").hexdigest()
+            assert page_change["afterVersion"]["sha256"] == hashlib.sha256(b"alpha\nBETA\n").hexdigest()
+            assert {k: page_change[k] for k in ("path", "change", "cause", "receiptId")} == {
                 "path": "notes/page.md",
                 "change": "modified",
                 "cause": "tool",
@@ -232,9 +237,17 @@ async def test_facade_write_is_reported_once_with_its_receipt(
             paths = [c["path"] for c in stream.changes()]
             assert paths.count("notes/made.md") == 1 and paths.count("notes/page.md") == 1, paths
             assert not any(p.rsplit("/", 1)[-1].startswith(".ag-tmp-") for p in paths)
-        # The facade's own events are there too, and the watcher names the same receipt.
-        tool_done = await run_stream.until(lambda e: e["event"] == "tool.completed")
+        # The facade's own events are there too, and its tool.completed comes right before the
+        # files.changed it reports (source "tool"), naming the same receipt.
+        kinds = [(e["event"], e["data"]["source"]) for e in run_stream.events]
+        first_done = kinds.index(("tool.completed", "tool"))
+        assert kinds[first_done + 1] == ("files.changed", "tool"), kinds
+        tool_done = run_stream.events[first_done]
         assert tool_done["data"]["payload"]["receiptId"] == created["receiptId"]
+        assert [e["data"]["source"] for e in ws_stream.events if e["event"] == "files.changed"][:2] == [
+            "watcher",
+            "watcher",
+        ]
     await client.post(f"/v1/runs/{run_id}/cancel", json={})
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_gateway import PluginRoutes, hookimpl
 
-from .service import MODES, KnowledgeService, Settings
+from .service import MODES, KnowledgeService, Settings, workspace_url_problems
 from .tools import CAP_KNOWLEDGE, KnowledgeTools
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "citation_url": "agent-gateway://workspace/{workspace}/{path}{fragment}",
     "max_document_bytes": 5 * 1024 * 1024,
     "max_references": 20,
+    "workspace_urls": {},
 }
 
 __all__ = ["CAP_KNOWLEDGE", "DEFAULTS", "SECTION", "KnowledgeService", "service_of", "settings_from"]
@@ -69,6 +70,7 @@ def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
             problems.append((key, "must be positive"))
     if section["top_k"] < 0:
         problems.append(("top_k", "must be 0 (provider default) or positive"))
+    problems.extend(workspace_url_problems(section["workspace_urls"], template))
     return problems
 
 
@@ -87,6 +89,7 @@ def settings_from(config: Config | None) -> tuple[bool, Settings]:
         citation_url=str(values["citation_url"]),
         max_document_bytes=int(values["max_document_bytes"]),
         max_references=int(values["max_references"]),
+        workspace_urls={str(k): str(v).rstrip("/") for k, v in dict(values["workspace_urls"]).items()},
     )
     return bool(values["enabled"]), settings
 

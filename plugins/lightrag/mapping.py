@@ -10,6 +10,10 @@ the workspace-relative path, percent-encoded so it has no ``/``:
 and maps a reference's ``file_path`` back with :func:`decode_source`. Documents inserted by other
 means (no encoded workspace) stay unmapped: they are cited by their bare name, without a link.
 
+The answer text the provider's model wrote is rewritten the same way (:func:`rewrite_answer`): its
+reference list keeps only entries naming the caller's documents (shown as workspace paths), and a
+name of another workspace's document is never shown.
+
 Citations never carry a ``file://`` URL, the provider's URL or its storage paths: the
 ``citationUrl`` comes from the ``[lightrag] citation_url`` template over the *workspace* path. A
 line locator is given only when the retrieved text was found, as it is, in the workspace file;
@@ -20,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -29,6 +35,13 @@ SEP = "<SEP>"  # LightRAG joins the sources of merged entities with this
 _BAD_COMPONENT = re.compile(r"[\x00-\x1f\x7f\\]")
 _URLS = re.compile(r"(?:file|https?)://[^\s)\]>'\"]+", re.IGNORECASE)
 _ABS_PATHS = re.compile(r"(?<![\w.])/(?:[\w.@+-]+/)+[\w.@+-]*")
+# The answer's reference list, as LightRAG's prompt asks for it ("### References" then
+# "- [1] <file name>" lines); bold or colon variants of the heading too.
+_REFERENCES_HEADING = re.compile(r"^\s*(?:#{1,6}\s*)?(?:\*\*|__)?\s*references?\s*:?\s*(?:\*\*|__)?\s*:?\s*$", re.I)
+_REFERENCE_ENTRY = re.compile(r"^(\s*(?:[-*+•]\s*)?\[\s*(?:\d{1,4}|[A-Z]{2})\s*\]\s*)(\S.*?)\s*$")
+_FILE_LIKE = re.compile(r"^\S+\.[A-Za-z0-9]{1,8}$|%2[Ff]")
+_ENCODED_NAME = re.compile(r"[A-Za-z0-9._~%+-]*%2[Ff][A-Za-z0-9._~%+-]*")
+OTHER_WORKSPACE_LABEL = "a document of another workspace"
 
 
 def normalise_relative(path: str) -> str | None:
@@ -175,3 +188,96 @@ def citation(
     if locator.degraded:
         out["degradedReason"] = locator.reason or "the retrieved text could not be found in the workspace file"
     return out
+
+
+def _basename(name: str) -> str:
+    return name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+
+
+def _entry_name(raw: str) -> str:
+    """The file name a reference-list entry gives, without Markdown around it."""
+    name = raw.strip()
+    link = re.match(r"^\[([^\]]+)\]\([^)]*\)$", name)
+    if link:
+        name = link.group(1)
+    return name.strip("`*_\"' ")
+
+
+def rewrite_answer(
+    answer: str,
+    workspace_id: str,
+    names: Mapping[str, str],
+    foreign: Iterable[str],
+    secrets: Iterable[str] = (),
+) -> str:
+    """The provider's answer text in the caller's terms.
+
+    ``names`` maps the provider names of the caller's retrieved documents to what to show (their
+    workspace path); ``foreign`` are provider names of other workspaces' documents. In the
+    answer's reference list (a ``References`` heading, then ``- [n] name`` entries; ``[n] name``
+    entries naming a file elsewhere too) an entry naming one of the caller's documents — by
+    provider name, workspace path, or a basename no other document shares — is rewritten to the
+    workspace path; every other entry (another workspace's file, or a name that is not one of the
+    caller's documents) is dropped, and a heading left with no entry goes too. Elsewhere in the
+    text the caller's provider names become workspace paths and another workspace's encoded names
+    become a neutral label. ``secrets`` (the provider's URLs, its key) and ``file://`` are removed.
+    """
+    shown_by_key: dict[str, str] = {}
+    for provider, shown in names.items():
+        for key in (provider, unquote(provider), shown):
+            shown_by_key[key.casefold()] = shown
+    foreign_bases = set()
+    for provider in foreign:
+        decoded = decode_source(provider)
+        foreign_bases.add(_basename(decoded[1] if decoded else unquote(provider)).casefold())
+    own_bases = Counter(_basename(shown).casefold() for shown in set(names.values()))
+    for shown in set(names.values()):
+        base = _basename(shown).casefold()
+        if own_bases[base] == 1 and base not in foreign_bases:
+            shown_by_key.setdefault(base, shown)
+
+    out: list[str] = []
+    heading: int | None = None  # index in `out` of the open reference section's heading
+    kept = 0
+
+    def close_section() -> None:
+        if heading is not None and kept == 0:
+            del out[heading:]
+            while out and not out[-1].strip():
+                out.pop()
+
+    for line in answer.split("\n"):
+        if _REFERENCES_HEADING.match(line):
+            close_section()
+            heading, kept = len(out), 0
+            out.append(line)
+            continue
+        entry = _REFERENCE_ENTRY.match(line)
+        name = _entry_name(entry.group(2)) if entry else ""
+        if entry and (heading is not None or _FILE_LIKE.search(name)):
+            shown = shown_by_key.get(name.casefold())
+            if shown is not None:
+                out.append(entry.group(1) + shown)
+                kept += 1
+            continue  # not one of the caller's documents: the entry goes
+        if heading is not None and line.strip():
+            close_section()
+            heading = None
+        out.append(line)
+    close_section()
+    text = "\n".join(out)
+
+    for provider, shown in sorted(names.items(), key=lambda kv: -len(kv[0])):
+        text = text.replace(provider, shown)
+
+    def neutral(match: re.Match[str]) -> str:
+        decoded = decode_source(match.group(0))
+        if decoded is None or decoded[0] == workspace_id:
+            return match.group(0)
+        return OTHER_WORKSPACE_LABEL
+
+    text = _ENCODED_NAME.sub(neutral, text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "")
+    return text.replace("file://", "")

@@ -1,9 +1,17 @@
-"""The knowledge facade over one LightRAG server: query, open_reference, status and documents.
+"""The knowledge facade over LightRAG: query, open_reference, status and documents.
 
 Shared by the tools (``knowledge_rag.*``, called through the tool facade) and the plugin's HTTP
 routes (``/v1/knowledge/...``). Every answer is in workspace terms: references are mapped from the
 provider's ``file_path`` to workspace paths (see :mod:`plugins.lightrag.mapping`), and nothing the
 provider says about itself (its URL, its storage folders) is passed on.
+
+Workspaces are isolated at the provider: a LightRAG server holds one knowledge base (1.5.x keeps
+one ``LightRAG`` instance per server; its ``LIGHTRAG-WORKSPACE`` header selects only the pipeline
+status ``/health`` reports), so ``[lightrag] workspace_urls`` gives each workspace its own server
+and every call of that workspace — query, documents, status — goes there. Workspaces not listed
+share ``url``; there the gateway only filters (references of other workspaces dropped), which the
+query result says (``sourceScope.workspaceIsolation``). Either way the answer text never names
+another workspace's documents: its reference list is rewritten (see :func:`mapping.rewrite_answer`).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from .mapping import (
     locate,
     normalise_relative,
     reference_id,
+    rewrite_answer,
     scrub,
     split_sources,
 )
@@ -63,6 +72,22 @@ class Settings:
     citation_url: str = "agent-gateway://workspace/{workspace}/{path}{fragment}"
     max_document_bytes: int = 5 * 1024 * 1024
     max_references: int = 20
+    # Workspace id -> the URL of that workspace's own LightRAG server (isolated at the provider).
+    workspace_urls: dict[str, str] = field(default_factory=dict)
+
+
+def workspace_url_problems(urls: Any, citation_template: str = "") -> list[tuple[str, str]]:
+    """Config problems of ``[lightrag] workspace_urls`` (a table: workspace id -> server URL)."""
+    if not isinstance(urls, dict):
+        return [("workspace_urls", "must be a table of workspace id = server URL")]
+    problems = []
+    for workspace_id, url in urls.items():
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            key = f'workspace_urls."{workspace_id}"'
+            problems.append((key, "must be a URL starting with http:// or https://"))
+        elif citation_template.startswith(url.rstrip("/")):
+            problems.append(("citation_url", "must not point at a provider (its URL is never given to clients)"))
+    return problems
 
 
 @dataclass
@@ -88,19 +113,39 @@ class _Cached:
 class KnowledgeService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.client = LightRAGClient(
-            settings.url, settings.api_key, timeout=settings.timeout, connect_timeout=settings.connect_timeout
-        )
+        self.client = self._new_client(settings.url)
+        # One client per workspace server, by workspace id.
+        self.workspace_clients = {
+            workspace_id: self._new_client(url) for workspace_id, url in settings.workspace_urls.items()
+        }
+        self._secrets = [settings.url, *settings.workspace_urls.values(), settings.api_key]
         self._references: OrderedDict[str, _Cached] = OrderedDict()
         # Set by the register_routes hook: lets the tools read the actor's knowledge preferences.
         self.preferences: Callable[[str], Awaitable[dict[str, Any]]] | None = None
 
+    def _new_client(self, url: str) -> LightRAGClient:
+        settings = self.settings
+        return LightRAGClient(
+            url.rstrip("/"), settings.api_key, timeout=settings.timeout, connect_timeout=settings.connect_timeout
+        )
+
+    def client_for(self, workspace_id: str | None) -> LightRAGClient:
+        """The server that holds ``workspace_id``'s documents: its own, else the shared ``url``."""
+        if workspace_id is not None and workspace_id in self.workspace_clients:
+            return self.workspace_clients[workspace_id]
+        return self.client
+
+    def isolation_of(self, workspace_id: str) -> str:
+        """``provider``: the workspace has its own server; ``shared``: ``url``, filtered only."""
+        return "provider" if workspace_id in self.workspace_clients else "shared"
+
     async def close(self) -> None:
-        await self.client.close()
+        for client in (self.client, *self.workspace_clients.values()):
+            await client.close()
 
     # -- helpers --------------------------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
-        return scrub(text, [self.settings.url, self.settings.api_key])
+        return scrub(text, self._secrets)
 
     def _fail(self, exc: ProviderError, what: str) -> ToolError:
         if exc.status == 409:
@@ -181,30 +226,26 @@ class KnowledgeService:
             return {}
         return values
 
-    def _rewrite_answer(self, answer: str, names: dict[str, str]) -> str:
-        for provider_name, shown in sorted(names.items(), key=lambda kv: -len(kv[0])):
-            answer = answer.replace(provider_name, shown)
-        for secret in (self.settings.url, self.settings.api_key):
-            if secret:
-                answer = answer.replace(secret, "")
-        return answer.replace("file://", "")
-
     # -- tools ------------------------------------------------------------------------------------------
-    async def status(self) -> dict[str, Any]:
+    async def status(self, workspace_id: str | None = None) -> dict[str, Any]:
+        """The provider's state — of ``workspace_id``'s own server when it has one."""
+        client = self.client_for(workspace_id)
         out: dict[str, Any] = {
             "schema": STATUS_SCHEMA,
             "provider": "lightrag",
-            "configured": self.client.configured,
+            "configured": client.configured,
             "available": False,
             "sourceScopeMode": SOURCE_SCOPE_MODE,
             "modes": list(MODES),
             "defaultMode": self.settings.mode,
         }
-        if not self.client.configured:
+        if not client.configured:
             out["reason"] = "[lightrag] url is not set"
+            if workspace_id is not None and self.workspace_clients:
+                out["reason"] += f" and workspace_urls has no server for {workspace_id!r}"
             return out
         try:
-            health = await self.client.health()
+            health = await client.health()
         except ProviderError as exc:
             out["reason"] = self._scrub(exc.message)
             return out
@@ -240,8 +281,10 @@ class KnowledgeService:
         if top_k:
             body["top_k"] = int(top_k)
 
+        client = self.client_for(where.workspace_id)
+
         async def ask() -> dict[str, Any]:
-            answer = await self.client.query(body)
+            answer = await client.query(body)
             text = answer.get("response") if isinstance(answer, dict) else None
             if not isinstance(text, str) or not text.strip():
                 raise ProviderError("the knowledge provider returned an empty answer", retryable=True)
@@ -258,13 +301,12 @@ class KnowledgeService:
             for name in split_sources(ref.get("file_path")):
                 by_name.setdefault(name, []).extend(chunks)
         references: list[dict[str, Any]] = []
-        names: dict[str, str] = {}
-        other_workspaces = 0
+        names: dict[str, str] = {}  # this workspace's provider names -> what the answer shows
+        foreign: list[str] = []  # provider names of other workspaces' documents
         for name, chunks in by_name.items():
             ref = await self._reference(where, name, chunks)
             if ref is None:
-                other_workspaces += 1
-                names[name] = display_name(unquote_safe(name))
+                foreign.append(name)
                 continue
             names[name] = ref["sourcePath"] or ref["filePath"]
             references.append(ref)
@@ -272,7 +314,7 @@ class KnowledgeService:
         if source_paths:
             references = [r for r in references if r["sourcePath"] and in_source_paths(r["sourcePath"], source_paths)]
         references = references[: self.settings.max_references]
-        answer = self._rewrite_answer(str(result.get("response", "")), names)
+        answer = rewrite_answer(str(result.get("response", "")), where.workspace_id, names, foreign, self._secrets)
         found = NO_CONTEXT_MARK not in answer and bool(result.get("llm_generated", True))
         return {
             "schema": QUERY_SCHEMA,
@@ -286,7 +328,8 @@ class KnowledgeService:
                 "description": SOURCE_SCOPE_DESCRIPTION,
                 "retrievedReferences": retrieved,
                 "returnedReferences": len(references),
-                "otherWorkspaceReferencesDropped": other_workspaces,
+                "otherWorkspaceReferencesDropped": len(foreign),
+                "workspaceIsolation": self.isolation_of(where.workspace_id),
             },
             "references": references,
             "citations": [r["citationMarkdown"] for r in references],
@@ -324,7 +367,9 @@ class KnowledgeService:
                     "a chunkId can only be located together with the query that retrieved it (give query too)",
                 )
             data = await self._retrying(
-                lambda: self.client.query_data({"query": query, "mode": "naive", "include_references": True}),
+                lambda: self.client_for(where.workspace_id).query_data(
+                    {"query": query, "mode": "naive", "include_references": True}
+                ),
                 "knowledge_rag.open_reference",
             )
             for chunk in ((data.get("data") or {}).get("chunks") or []) if isinstance(data, dict) else []:
@@ -397,7 +442,7 @@ class KnowledgeService:
             raise ToolError("invalid_arguments", "the document is empty")
         file_source = encode_source(where.workspace_id, source_path)
         try:
-            answer = await self.client.insert_text(content, file_source)
+            answer = await self.client_for(where.workspace_id).insert_text(content, file_source)
         except ProviderError as exc:
             if exc.status == 409:
                 raise ToolError(
@@ -436,7 +481,7 @@ class KnowledgeService:
 
     async def track(self, where: Where, track_id: str) -> dict[str, Any]:
         try:
-            answer = await self.client.track_status(track_id)
+            answer = await self.client_for(where.workspace_id).track_status(track_id)
         except ProviderError as exc:
             raise self._fail(exc, "reading the indexing status") from exc
         docs = [self._document(where, d) for d in answer.get("documents") or [] if isinstance(d, dict)]
@@ -447,7 +492,7 @@ class KnowledgeService:
         out: list[dict[str, Any]] = []
         for page in range(1, max_pages + 1):
             try:
-                answer = await self.client.documents_page(page, 100)
+                answer = await self.client_for(where.workspace_id).documents_page(page, 100)
             except ProviderError as exc:
                 raise self._fail(exc, "listing documents") from exc
             for doc in answer.get("documents") or []:
@@ -475,7 +520,7 @@ class KnowledgeService:
         deleted = []
         for doc in chosen:
             try:
-                answer = await self.client.delete_documents([str(doc["documentId"])])
+                answer = await self.client_for(where.workspace_id).delete_documents([str(doc["documentId"])])
             except ProviderError as exc:
                 raise self._fail(exc, f"deleting {doc['sourcePath']!r}") from exc
             status = answer.get("status")
@@ -487,12 +532,6 @@ class KnowledgeService:
                 )
             deleted.append({"documentId": doc["documentId"], "sourcePath": doc["sourcePath"], "status": "deleting"})
         return {"workspaceId": where.workspace_id, "deleted": deleted}
-
-
-def unquote_safe(name: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(name)
 
 
 async def wait_processed(

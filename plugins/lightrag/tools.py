@@ -32,7 +32,7 @@ class KnowledgeTools:
         self.service = service
 
     async def status(self, call: ToolCall) -> dict[str, Any]:
-        return await self.service.status()
+        return await self.service.status(call.scope.workspace_id)
 
     async def query(self, call: ToolCall) -> dict[str, Any]:
         args = call.arguments
