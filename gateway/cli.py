@@ -354,11 +354,27 @@ def config_show(config_path: str | None) -> None:
     merged = {name: config.section(name) for name in sorted(config.specs)}
     if merged.get("auth", {}).get("tokens"):
         merged["auth"]["tokens"] = {f"***{i}": actor for i, actor in enumerate(merged["auth"]["tokens"].values())}
-    for section in merged.values():
-        for key in list(section):
-            if "key" in key or "secret" in key or "password" in key:
-                section[key] = "***" if section[key] else ""
-    click.echo(json.dumps(merged, indent=2, ensure_ascii=False))
+    click.echo(json.dumps(_masked(merged), indent=2, ensure_ascii=False))
+
+
+SECRET_WORDS = ("key", "secret", "password", "token")
+
+
+def _masked(value: Any, key: str = "") -> Any:
+    """Secrets out of a config tree: values of secret-named keys, every value of an agent's
+    ``env`` table (provider keys live there), credentials inside URLs; at any depth (the
+    ``[acp_agents.<id>]`` tables nest one level more than other sections)."""
+    if isinstance(value, dict):
+        if key == "env":
+            return {name: "***" if item else "" for name, item in value.items()}
+        return {name: _masked(item, name) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_masked(item, key) for item in value]
+    if any(word in key.lower() for word in SECRET_WORDS) and not isinstance(value, bool | int | float):
+        return "***" if value else value
+    if isinstance(value, str) and "://" in value and "@" in value:
+        return redact_url(value)
+    return value
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ the code declares: every key, its type and its default.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -404,3 +405,23 @@ def test_a_spec_loaded_twice_keeps_the_last_registration() -> None:
     config = Config.load(None, [SectionSpec("x", {"a": 1})], env={})
     config.add_section(SectionSpec("x", {"b": "two"}))
     assert config.section("x") == {"b": "two"}
+
+
+def test_config_show_masks_agent_env_and_url_credentials_at_any_depth(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[acp_agents.my-agent]\n"
+        'command = ["my-agent", "acp"]\n'
+        'env = { MY_PROVIDER_KEY = "sk-agent-secret", REGION = "eu" }\n'
+        "[reasonix]\n"
+        'env = { DEEPSEEK_API_KEY = "sk-reasonix-secret" }\n'
+        "[storage]\n"
+        'url = "postgresql://gw:pg-password@127.0.0.1/test"\n',
+    )
+    result = CliRunner().invoke(cli, ["config", "show", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    for secret in ("sk-agent-secret", "sk-reasonix-secret", "pg-password"):
+        assert secret not in result.output
+    shown = json.loads(result.output)
+    assert shown["acp_agents"]["my-agent"]["env"] == {"MY_PROVIDER_KEY": "***", "REGION": "***"}
+    assert shown["acp_agents"]["my-agent"]["command"] == ["my-agent", "acp"]  # the rest stays readable
