@@ -18,6 +18,7 @@ from aiohttp import web
 
 from agent_gateway.app import GATEWAY_KEY, StartupError, create_app, is_loopback
 from agent_gateway.config import Config, ConfigError, redact_url, section_specs_from_hook
+from agent_gateway.http_server import GatewayRunner
 from agent_gateway.logs import configure as configure_logging
 from agent_gateway.mcp.bridge import add_commands as add_mcp_commands
 from agent_gateway.plugin_host import PluginError, PluginHost
@@ -108,7 +109,7 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     try:
         try:
             app = create_app(config, plugins)
-            starting = web.AppRunner(app, handle_signals=False)
+            starting = GatewayRunner(app, handle_signals=False)
             await starting.setup()  # opens storage: a failure here has nothing to clean up
             runner = starting
             tune_gc_for_serving()

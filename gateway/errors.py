@@ -52,7 +52,10 @@ async def json_errors(
         message = exc.reason
         if exc.status == 413:
             message = "the request body exceeds the gateway's max_body_bytes limit"
-        return error_response(exc.status, _HTTP_CODES.get(exc.status, "http_error"), message)
+        response = error_response(exc.status, _HTTP_CODES.get(exc.status, "http_error"), message)
+        if "Allow" in exc.headers:  # a 405 says which methods the path takes
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal_error", "internal error; see the gateway log")
