@@ -8,8 +8,10 @@ import gc
 import json
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -55,7 +57,10 @@ def cli() -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), help="Where the SQLite journal and spool live.")
 @click.option("--demo", is_flag=True, help="Wire a built-in fake OpenAI upstream and stream a demo run.")
 @click.option(
-    "--log-format", type=click.Choice(["auto", "json", "text"]), default="auto", show_default=True,
+    "--log-format",
+    type=click.Choice(["auto", "json", "text"]),
+    default="auto",
+    show_default=True,
     help="auto: JSON lines unless stderr is a terminal.",
 )
 def serve(
@@ -113,7 +118,8 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
             await starting.setup()  # opens storage: a failure here has nothing to clean up
             runner = starting
             tune_gc_for_serving()
-            site = web.TCPSite(runner, gw["host"], gw["port"])
+            tls = _tls_context(gw["tls_cert"], gw["tls_key"])
+            site = web.TCPSite(runner, gw["host"], gw["port"], ssl_context=tls)
             await site.start()
         except (PluginError, StartupError) as exc:
             raise click.ClickException(str(exc)) from exc
@@ -125,7 +131,7 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
         addresses = runner.addresses  # the bound sockets: the port `--port 0` got
         port = int(addresses[0][1]) if addresses else gw["port"]
         shown_host = f"[{gw['host']}]" if ":" in gw["host"] else gw["host"]  # IPv6 literals need brackets
-        url = f"http://{shown_host}:{port}"
+        url = f"{'https' if tls else 'http'}://{shown_host}:{port}"
         # What agents' MCP clients call back: the configured public URL, else where we listen
         # (never a request's Host header).
         app[GATEWAY_KEY].set_public_url(gw["public_url"] or url)
@@ -137,7 +143,10 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
         click.echo(f"data directory: {config.data_dir}  storage: {redact_url(config.storage_url)}")
         sys.stdout.flush()
         if demo:
-            await _demo(url)
+            try:
+                await _demo(url)
+            except (aiohttp.ClientError, OSError, KeyError, ValueError) as exc:  # keep serving
+                click.echo(f"demo run failed: {type(exc).__name__}: {exc}", err=True)
         await stop.wait()
     finally:
         if runner is not None:
@@ -146,9 +155,25 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
             await fake.stop()
 
 
+def _tls_context(cert: str, key: str) -> ssl.SSLContext | None:
+    """The server's TLS context when ``[gateway] tls_cert``/``tls_key`` are set; a one-line
+    error for files that do not load (wrong password-less PEM, key not matching the cert)."""
+    if not cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(str(Path(cert).expanduser()), str(Path(key).expanduser()))
+    except (OSError, ssl.SSLError) as exc:
+        raise click.ClickException(f"[gateway] tls_cert/tls_key: cannot load {cert} and {key}: {exc}") from exc
+    return context
+
+
 async def _demo(url: str) -> None:
     click.echo("\n-- demo: a chat-only run, streamed from the gateway --")
-    async with aiohttp.ClientSession() as http:
+    # The demo talks to this very process on its own listening address: with a self-signed
+    # [gateway] tls_cert there is nothing to verify against, and nothing to gain from it.
+    connector = aiohttp.TCPConnector(ssl=False) if url.startswith("https://") else None
+    async with aiohttp.ClientSession(connector=connector) as http:
         body = {
             "requestId": f"demo-{os.getpid()}",
             "agentId": "chat-only",

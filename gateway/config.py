@@ -49,6 +49,11 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     for origin in section["cors_origins"]:
         if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.count("/") != 2:
             problems.append(("cors_origins", f"{origin!r} is not an origin like https://app.example:8443"))
+    if bool(section["tls_cert"]) != bool(section["tls_key"]):
+        problems.append(("tls_cert", "set tls_cert and tls_key together (PEM files), or neither"))
+    for name in ("tls_cert", "tls_key"):
+        if section[name] and not Path(section[name]).expanduser().is_file():
+            problems.append((name, f"file {section[name]} does not exist"))
     public_url = section["public_url"]
     if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
         problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
@@ -92,6 +97,8 @@ CORE_SECTIONS = [
             "allowed_hosts": [],
             "cors_origins": [],
             "public_url": "",
+            "tls_cert": "",
+            "tls_key": "",
         },
         _validate_gateway,
         "Listening address, data directory, limits.",

@@ -33,7 +33,7 @@ from agent_gateway.cli import DEMO_REPLY, _tail
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
 WAIT = 30.0
-LISTENING = re.compile(r"^agent-gateway listening on (http://(\S+):(\d+))$")
+LISTENING = re.compile(r"^agent-gateway listening on (https?://(\S+):(\d+))$")
 
 
 def agent_gateway() -> str:
