@@ -50,7 +50,7 @@ class BurstRuntime:
         if subscribers:
             bus = turn.services["gateway"].bus
             topic = turn.run.host_run_id
-            while len(bus._subscribers.get(topic, ())) < subscribers:  # noqa: ASYNC110 (the bus has no hook)
+            while bus.subscriber_count(topic) < subscribers:  # noqa: ASYNC110 (the bus has no hook)
                 await asyncio.sleep(0.005)  # polling a bench-only precondition
             await turn.emit("plan.updated", {"t0": time.monotonic()})
         loop = asyncio.get_running_loop()
