@@ -3,10 +3,10 @@
 An event takes one path: `append` gives it the run's next seq; then, once per loop tick for all
 events appended in it, `publish` builds each run's SSE frames once, writes them to the spool (a
 local append-only file: one `write()` call, so they survive a killed process), hands each run's
-events and frames to the bus as one batch, and queues them for storage. A writer task commits queued events in
-batches (group commit) on a worker thread. Delivery never waits on the database; at start-up,
-spooled events missing from storage are written back before anything else runs, so a seq a
-client has seen is never given to another event.
+events and frames to the bus as one batch, and queues them for storage. A writer task commits
+queued events in batches (group commit) on a worker thread. Delivery never waits on the
+database; at start-up, spooled events missing from storage are written back before anything else
+runs, so a seq a client has seen is never given to another event.
 """
 
 from __future__ import annotations
