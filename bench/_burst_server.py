@@ -50,7 +50,7 @@ class BurstRuntime:
         if subscribers:
             bus = turn.services["gateway"].bus
             topic = turn.run.host_run_id
-            while len(bus._subscribers.get(topic, ())) < subscribers:  # noqa: ASYNC110 (the bus has no hook)
+            while bus.subscriber_count(topic) < subscribers:  # noqa: ASYNC110 (the bus has no hook)
                 await asyncio.sleep(0.005)  # polling a bench-only precondition
             await turn.emit("plan.updated", {"t0": time.monotonic()})
         loop = asyncio.get_running_loop()
@@ -90,9 +90,7 @@ async def main(data_dir: str, storage_url: str) -> None:
         overrides["storage"] = {"url": storage_url}
     # Profiling aids, never used for the documented figures: BENCH_EXPERIMENT="null-storage,gc-off,
     # batch=N (journal_batch_events),burst-publish=N (journal.BURST_PUBLISH),switch=S (GIL interval)".
-    experiment = dict(
-        item.partition("=")[::2] for item in os.environ.get("BENCH_EXPERIMENT", "").split(",") if item
-    )
+    experiment = dict(item.partition("=")[::2] for item in os.environ.get("BENCH_EXPERIMENT", "").split(",") if item)
     if "batch" in experiment:
         overrides["gateway"]["journal_batch_events"] = int(experiment["batch"])
     config = Config.load(None, env={}, overrides=overrides)
@@ -100,7 +98,6 @@ async def main(data_dir: str, storage_url: str) -> None:
     if "null-storage" in experiment:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
     if "burst-publish" in experiment:
-
         agent_gateway.journal.BURST_PUBLISH = int(experiment["burst-publish"])
     if "gc-off" in experiment:
         import gc

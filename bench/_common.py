@@ -58,8 +58,13 @@ class Gateway:
             return json.loads(response.read())
 
     def create_run(self, options: dict[str, Any], session: str | None = None) -> str:
-        body = {"requestId": os.urandom(8).hex(), "agentId": "burst", "sessionId": session or os.urandom(4).hex(),
-                "message": "go", "options": options}
+        body = {
+            "requestId": os.urandom(8).hex(),
+            "agentId": "burst",
+            "sessionId": session or os.urandom(4).hex(),
+            "message": "go",
+            "options": options,
+        }
         return self.post("/v1/runs", body)["hostRunId"]
 
     def wait_run(self, run_id: str, timeout: float = 600) -> dict[str, Any]:
@@ -95,7 +100,10 @@ def gateway(storage_url: str = "") -> Iterator[Gateway]:
     with tempfile.TemporaryDirectory() as data_dir:
         proc = subprocess.Popen(
             [sys.executable, str(HERE / "_burst_server.py"), data_dir, storage_url],
-            stdout=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=ENV,
         )
         try:
             assert proc.stdout is not None
@@ -122,10 +130,16 @@ class Clients:
             if not mine:
                 continue
             payload = json.dumps({"url": url, "streams": mine, **spec})
-            self.procs.append(subprocess.Popen(
-                [sys.executable, str(HERE / "_sse_client.py"), payload],
-                stdout=subprocess.PIPE, stderr=self._stderr(), text=True, cwd=ROOT, env=ENV,
-            ))
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / "_sse_client.py"), payload],
+                    stdout=subprocess.PIPE,
+                    stderr=self._stderr(),
+                    text=True,
+                    cwd=ROOT,
+                    env=ENV,
+                )
+            )
         for proc in self.procs:  # every connection has its response headers
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()
@@ -191,8 +205,10 @@ def raw_sqlite_select_rate(count: int) -> float:
         )
         db.executemany(
             "INSERT INTO events VALUES (?,?,?,?,?,?)",
-            (("run_bench", seq, "message.delta", "burst", '{"text":"xxxxxxxxxxxxxxxx"}', 0)
-             for seq in range(1, count + 1)),
+            (
+                ("run_bench", seq, "message.delta", "burst", '{"text":"xxxxxxxxxxxxxxxx"}', 0)
+                for seq in range(1, count + 1)
+            ),
         )
         db.commit()
         start = time.perf_counter()
@@ -200,7 +216,8 @@ def raw_sqlite_select_rate(count: int) -> float:
         while True:
             rows = db.execute(
                 "SELECT host_run_id, seq, kind, source, payload, created_at FROM events"
-                " WHERE host_run_id = ? AND seq > ? ORDER BY seq LIMIT 2000", ("run_bench", after)
+                " WHERE host_run_id = ? AND seq > ? ORDER BY seq LIMIT 2000",
+                ("run_bench", after),
             ).fetchall()
             if not rows:
                 break

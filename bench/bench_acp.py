@@ -5,7 +5,7 @@
     python bench/bench_acp.py all
 
 `flood`: one turn of N message chunks from the fake ACP agent (`python contrib/fake_acp_agents/agent.py
---behaviour flood`, prompt "flood N"), read (a) by a bare `gateway.acp.AcpProcess` and (b) through a
+--behaviour flood`, prompt "flood N"), read (a) by a bare `agent_gateway.acp.AcpProcess` and (b) through a
 gateway process (journalled, streamed to one SSE client in this process). Both on a warm agent
 process (the first turn, which starts it, is not timed); the figure is the median turn time.
 

@@ -79,15 +79,20 @@ def main(events: int, clients: int, repeat: int, storage_url: str, client_proces
     for _ in range(repeat):
         raws.append(raw_sqlite_rate(events))
         gws.append(measure(events, clients, client_processes, storage_url))
-        print(f"raw {raws[-1]:,.0f} ev/s   gateway {gws[-1]['rate']:,.0f} ev/s "
-              f"({gws[-1]['elapsed']:.2f} s, merged {gws[-1]['merged']}, "
-              f"clients {gws[-1]['client_cpu_us_per_event']:.1f} µs CPU/event)   load {load()}", flush=True)
+        print(
+            f"raw {raws[-1]:,.0f} ev/s   gateway {gws[-1]['rate']:,.0f} ev/s "
+            f"({gws[-1]['elapsed']:.2f} s, merged {gws[-1]['merged']}, "
+            f"clients {gws[-1]['client_cpu_us_per_event']:.1f} µs CPU/event)   load {load()}",
+            flush=True,
+        )
     raw = sorted(raws)[len(raws) // 2]
     gw = sorted(gws, key=lambda r: r["rate"])[len(gws) // 2]
     print(f"events={events} clients={clients} repeat={repeat} (medians)")
     print(f"raw sqlite3.executemany (WAL, 500/commit): {raw:,.0f} events/s")
-    print(f"gateway, journalled, to {clients} SSE clients: {gw['rate']:,.0f} events/s "
-          f"(every client got >= {gw['received_min']:,} of {gw['total']:,} events)")
+    print(
+        f"gateway, journalled, to {clients} SSE clients: {gw['rate']:,.0f} events/s "
+        f"(every client got >= {gw['received_min']:,} of {gw['total']:,} events)"
+    )
     print(f"ratio gateway/raw: {gw['rate'] / raw:.2f}")
 
 

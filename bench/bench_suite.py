@@ -116,9 +116,11 @@ def memory(quick: bool, repeat: int) -> dict[str, Any]:
     return {
         "name": f"3. slow client (10 ev/s), {events:,} deltas",
         "baseline": f"fast client: peak/idle RSS {fast['ratio']:.2f}",
-        "measured": (f"slow client: peak/idle RSS {slow['ratio']:.2f} ({slow['peak_kib'] // 1024} MiB / "
-                     f"{slow['idle_kib'] // 1024} MiB); text identical: {ok}; slow client got "
-                     f"{slow['events_received']:,} events"),
+        "measured": (
+            f"slow client: peak/idle RSS {slow['ratio']:.2f} ({slow['peak_kib'] // 1024} MiB / "
+            f"{slow['idle_kib'] // 1024} MiB); text identical: {ok}; slow client got "
+            f"{slow['events_received']:,} events"
+        ),
         "ratio": slow["ratio"],
         "ratio_name": "peak RSS / idle RSS",
         "detail": {"slow": slows, "fast": fasts, "load": load()},
@@ -191,8 +193,10 @@ def fanout(quick: bool, repeat: int) -> dict[str, Any]:
     return {
         "name": f"5. 1,000 SSE clients over 200 runs of {events:,} events",
         "baseline": f"{worst['streams']:,} streams opened",
-        "measured": (f"{worst['complete']:,} complete, {worst['errors']} errors; {mid['elapsed']:.1f} s, "
-                     f"{mid['delivered_per_s']:,.0f} events delivered/s"),
+        "measured": (
+            f"{worst['complete']:,} complete, {worst['errors']} errors; {mid['elapsed']:.1f} s, "
+            f"{mid['delivered_per_s']:,.0f} events delivered/s"
+        ),
         "ratio": worst["complete"] / worst["streams"],
         "ratio_name": "complete / opened",
         "detail": {"runs": results, "load": load()},
@@ -217,7 +221,10 @@ def startup_once() -> float:
         started = time.monotonic()
         proc = subprocess.Popen(
             [*_serve_command(), "serve", "--port", str(port), "--data-dir", data_dir, "--log-format", "text"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=ENV,
         )
         try:
             while True:
@@ -267,8 +274,11 @@ BENCHMARKS = {"latency": latency, "memory": memory, "resume": resume, "fanout": 
 def main(names: tuple[str, ...], quick: bool, repeat: int) -> None:
     for name in names or tuple(BENCHMARKS):
         row = BENCHMARKS[name](quick, repeat)
-        print(f"{row['name']}\n  baseline: {row['baseline']}\n  measured: {row['measured']}\n"
-              f"  ratio ({row.get('ratio_name', 'measured / baseline')}): {row['ratio']:.3f}", flush=True)
+        print(
+            f"{row['name']}\n  baseline: {row['baseline']}\n  measured: {row['measured']}\n"
+            f"  ratio ({row.get('ratio_name', 'measured / baseline')}): {row['ratio']:.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ class Subscriber:
         self.wakeup = asyncio.Event()
         self.needs_replay = False
         self.merges = 0
-        self.replays = 0
         # Set by an idle stream writer: writes a published batch itself, or returns False.
         self.write_directly: Callable[[list[Event], bytes | None], bool] | None = None
 
@@ -58,7 +57,6 @@ class Subscriber:
         else:
             buffer.clear()
             self.needs_replay = True
-            self.replays += 1
         self.wakeup.set()
 
     def take(self, limit: int) -> list[Event]:
@@ -75,9 +73,8 @@ class Subscriber:
 class Bus:
     def __init__(self) -> None:
         self._subscribers: dict[str, set[Subscriber]] = {}
-        self.published = 0
-        # Per topic, the last batch of SSE frames a writer encoded (first event, last event,
-        # count, bytes): clients in step get the same events, so the first encodes for all.
+        # Per topic, the last batch of SSE frames published or encoded by a stream writer (first
+        # event, last event, count, bytes): clients in step write the same events, encoded once.
         self.shared_frames: dict[str, tuple[Event, Event, int, bytes]] = {}
 
     def subscribe(self, topic: str, capacity: int) -> Subscriber:
@@ -93,13 +90,9 @@ class Bus:
                 del self._subscribers[sub.topic]
                 self.shared_frames.pop(sub.topic, None)
 
-    def publish(self, topic: str, event: Event) -> None:
-        self.publish_many(topic, [event])
-
     def publish_many(self, topic: str, events: list[Event], frames: bytes | None = None) -> None:
         """Offer `events` (consecutive events of `topic`, in order) to every subscriber; `frames`,
         their SSE frames joined, is what a client that takes exactly these events writes."""
-        self.published += len(events)
         subs = self._subscribers.get(topic)
         if not subs:
             return
@@ -125,8 +118,8 @@ class Bus:
                 for event in events:
                     sub.offer(event)
 
-    def subscriber_count(self) -> int:
-        return sum(len(s) for s in self._subscribers.values())
+    def subscriber_count(self, topic: str) -> int:
+        return len(self._subscribers.get(topic, ()))
 
     def live_merges(self) -> int:
         """Merges of subscribers still connected (closed ones are counted by their stream)."""

@@ -1,12 +1,12 @@
 """The event journal: assigns seqs, enforces the terminal rule, spools, publishes, group-commits.
 
 An event takes one path: `append` gives it the run's next seq; then, once per loop tick for all
-events appended in it, `publish` serialises each once, writes their lines to the spool (a local
-append-only file: one `write()` call, so they survive a killed process), hands each run's events
-to the bus as one batch, and queues them for storage. A writer task commits queued events in
-batches (group commit) on a worker thread. Delivery never waits on the database; at start-up,
-spooled events missing from storage are written back before anything else runs, so a seq a
-client has seen is never given to another event.
+events appended in it, `publish` builds each run's SSE frames once, writes them to the spool (a
+local append-only file: one `write()` call, so they survive a killed process), hands each run's
+events and frames to the bus as one batch, and queues them for storage. A writer task commits
+queued events in batches (group commit) on a worker thread. Delivery never waits on the
+database; at start-up, spooled events missing from storage are written back before anything else
+runs, so a seq a client has seen is never given to another event.
 """
 
 from __future__ import annotations
@@ -369,9 +369,11 @@ class Journal:
             self._segments.popleft().close(remove=True)
 
     def _recover_spool(self) -> None:
+        """Write to storage the events of every spool segment no live journal holds (a killed
+        gateway's), then remove the segment. A segment holds SSE frames: each `data:` line is an
+        event's wire JSON."""
         assert self.spool_dir is not None
-        # `.spool` holds SSE frames; `.jsonl` (earlier versions) one wire JSON object per line.
-        for path in sorted([*self.spool_dir.glob("*.spool"), *self.spool_dir.glob("*.jsonl")]):
+        for path in sorted(self.spool_dir.glob("*.spool")):
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
@@ -385,12 +387,10 @@ class Journal:
                 recovered = 0
                 with open(fd, "rb", closefd=False) as lines:
                     for raw in lines:
-                        if raw.startswith(b"data: "):
-                            raw = raw[6:]
-                        elif not raw.startswith(b"{"):
+                        if not raw.startswith(b"data: "):
                             continue  # a frame's id: / event: line, or the blank line ending it
                         try:
-                            batch.append(Event.from_wire(json.loads(raw)))
+                            batch.append(Event.from_wire(json.loads(raw[6:])))
                         except (ValueError, KeyError):
                             continue  # a line cut short by the kill
                         if len(batch) >= RECOVERY_BATCH:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from time import time as _time
 from typing import Any
@@ -176,7 +177,12 @@ class Event:
         if not isinstance(other, Event):
             return NotImplemented
         return (self.host_run_id, self.seq, self.kind, self.source, self.created_at, self.payload) == (
-            other.host_run_id, other.seq, other.kind, other.source, other.created_at, other.payload
+            other.host_run_id,
+            other.seq,
+            other.kind,
+            other.source,
+            other.created_at,
+            other.payload,
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable caches; compared by value
@@ -250,11 +256,23 @@ class Event:
         }
 
 
-def sse_frames(events: list[Event]) -> bytes:
-    """The SSE frames of `events` (`id:`, `event:`, `data:` with the wire JSON), joined, without
-    keeping a frame per event: the publish path, where the joined frames are what clients in step
-    get and what the spool holds. Keeps each event's serialised payload (for storage)."""
+def sse_frames(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
+    """The SSE frames of `events`, joined: the one place a frame is built. Each frame is `id:` (the
+    padded seq), `event:` (the kind) and `data:`: the event's wire JSON, or with `project` the JSON
+    of `project(event)` (an event it maps to None gets no frame). Without `project` this is the
+    publish path, where the joined frames are what clients in step get and what the spool holds: it
+    keeps each event's serialised payload (for storage) but no frame per event."""
     parts: list[bytes] = []
+    if project is not None:
+        for event in events:
+            projected = project(event)
+            if projected is not None:
+                kind = event.kind
+                parts.append(
+                    b"id: %b%b%b\n\n"
+                    % (_SEQ_FORMAT % event.seq, _FRAME_KINDS.get(kind) or _frame_kind(kind), dumps(projected))
+                )
+        return b"".join(parts)
     extend = parts.extend
     for event in events:
         frame = event._frame
@@ -268,16 +286,18 @@ def sse_frames(events: list[Event]) -> bytes:
             except TypeError:
                 payload = event._payload_bytes = dumps(event._payload)
         kind, seq = event.kind, _SEQ_FORMAT % event.seq
-        extend((
-            b"id: ",
-            seq,
-            _FRAME_KINDS.get(kind) or _frame_kind(kind),
-            _WIRE_HEADS.get(event.host_run_id) or _wire_head(event.host_run_id),
-            seq,
-            _WIRE_KINDS.get((kind, event.source)) or _wire_kind(kind, event.source),
-            payload,
-            _FRAME_TAIL % event.created_at,
-        ))
+        extend(
+            (
+                b"id: ",
+                seq,
+                _FRAME_KINDS.get(kind) or _frame_kind(kind),
+                _WIRE_HEADS.get(event.host_run_id) or _wire_head(event.host_run_id),
+                seq,
+                _WIRE_KINDS.get((kind, event.source)) or _wire_kind(kind, event.source),
+                payload,
+                _FRAME_TAIL % event.created_at,
+            )
+        )
     return b"".join(parts)
 
 
@@ -299,8 +319,9 @@ def _memo(cache: dict[Any, bytes], key: Any, value: bytes) -> bytes:
 
 
 def _wire_head(host_run_id: str) -> bytes:
-    return _memo(_WIRE_HEADS, host_run_id, b'{"schema":"%b","hostRunId":%b,"seq":"' % (
-        EVENT_SCHEMA.encode(), dumps(host_run_id)))
+    return _memo(
+        _WIRE_HEADS, host_run_id, b'{"schema":"%b","hostRunId":%b,"seq":"' % (EVENT_SCHEMA.encode(), dumps(host_run_id))
+    )
 
 
 def _wire_kind(kind: str, source: str) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any
 
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
+from agent_gateway.locks import KeyedLocks
 from agent_gateway.logs import agent_id_var, run_id_var, session_id_var
 from agent_gateway.models import (
     ACTIVE_STATUSES,
@@ -135,11 +136,11 @@ class RunManager:
         self.cancel_grace = cancel_grace
         self.services = services if services is not None else {}
         self._active: dict[str, ActiveRun] = {}
-        self._session_locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._creating: dict[tuple[str, ...], asyncio.Lock] = {}
+        self._session_locks: KeyedLocks[tuple[str, str]] = KeyedLocks()  # one run of a session at a time
+        self._creating: KeyedLocks[tuple[str, ...]] = KeyedLocks()  # one creation per request key
         self._shutting_down = False
         self._watchdogs: set[asyncio.Task[None]] = set()
-        self._repairing: dict[str, asyncio.Lock] = {}
+        self._repairing: KeyedLocks[str] = KeyedLocks()  # one repair per run
         journal.on_append.append(self._observe)
         self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
         self.created = 0
@@ -163,20 +164,15 @@ class RunManager:
             )
         key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
         request_hash = canonical_hash(request)
-        lock = self._creating.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self._creating.hold(key):
+            existing = await self._db(self.storage.find_run_by_request, *key)
+            if existing is not None:
+                return await self._existing(existing, request_hash), False
+            run = self._new_run(actor_id, request, request_hash, runtime)
             try:
-                existing = await self._db(self.storage.find_run_by_request, *key)
-                if existing is not None:
-                    return await self._existing(existing, request_hash), False
-                run = self._new_run(actor_id, request, request_hash, runtime)
-                try:
-                    await self._db(self.storage.insert_run, run)
-                except RequestConflict as conflict:  # another process took the key
-                    return await self._existing(conflict.existing, request_hash), False
-            finally:
-                if not lock._waiters:  # type: ignore[attr-defined]
-                    self._creating.pop(key, None)
+                await self._db(self.storage.insert_run, run)
+            except RequestConflict as conflict:  # another process took the key
+                return await self._existing(conflict.existing, request_hash), False
         self.journal.open_run(run.host_run_id)
         active = ActiveRun(run, runtime)
         self._active[run.host_run_id] = active
@@ -237,14 +233,15 @@ class RunManager:
         session_id_var.set(run.session_id)
         agent_id_var.set(run.agent_id)
         outcome: TurnOutcome
-        lock = self._session_locks.setdefault((run.actor_id, run.session_id), asyncio.Lock())
+
+        async def queued() -> None:
+            await self._set_status(run, "queued")
+            await self.journal.append(
+                run.host_run_id, "run.queued", {"reason": "another run of this session is in flight"}
+            )
+
         try:
-            if lock.locked():
-                await self._set_status(run, "queued")
-                await self.journal.append(
-                    run.host_run_id, "run.queued", {"reason": "another run of this session is in flight"}
-                )
-            async with lock:
+            async with self._session_locks.hold((run.actor_id, run.session_id), if_busy=queued):
                 if active.cancel_requested:
                     outcome = TurnOutcome("cancelled", "cancelled before it started")
                 else:
@@ -261,9 +258,6 @@ class RunManager:
         except Exception as exc:  # the runtime broke; the run must still end
             log.exception("run %s failed", run.host_run_id)
             outcome = TurnOutcome("failed", f"{type(exc).__name__}: {exc}")
-        finally:
-            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
-                self._session_locks.pop((run.actor_id, run.session_id), None)
         await self._finish(active, outcome)
 
     async def _run_turn(self, active: ActiveRun) -> TurnOutcome:
@@ -508,13 +502,8 @@ class RunManager:
     async def _repair(self, run: Run) -> None:
         """Make status and journal agree for a run no task of this process owns. Concurrent
         reads of one run repair it once: the second waits, then finds the terminal event."""
-        lock = self._repairing.setdefault(run.host_run_id, asyncio.Lock())
-        try:
-            async with lock:
-                await self._repair_locked(run)
-        finally:
-            if not lock.locked() and not lock._waiters:  # type: ignore[attr-defined]
-                self._repairing.pop(run.host_run_id, None)
+        async with self._repairing.hold(run.host_run_id):
+            await self._repair_locked(run)
 
     async def _repair_locked(self, run: Run) -> None:
         if run.host_run_id in self._active:

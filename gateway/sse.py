@@ -1,7 +1,8 @@
 """The SSE writer: replay from the journal, then tail the bus, with no gap and no duplicate.
 
-Each event is serialised once (`Event.wire_json`) and a client gets its events in batched
-writes. A client that falls behind its buffer is switched back to replay from the journal.
+A client's events go out in batched writes of frames built by `models.sse_frames` (clients in step
+with a run share one encoding of each batch). A client that falls behind its buffer is switched
+back to replay from the journal.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from aiohttp_sse import EventSourceResponse
 
 from agent_gateway.bus import Bus
 from agent_gateway.journal import Journal
-from agent_gateway.models import Event, dumps
+from agent_gateway.models import Event, sse_frames
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
@@ -24,16 +25,10 @@ SEND_TIMEOUT = 60.0
 
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
+    """The SSE frames of `events` (projected by `project`, if given), joined."""
     if project is None:
         return b"".join([event.sse_frame() for event in events])  # each frame cached on its event
-    parts: list[bytes] = []
-    for event in events:
-        projected = project(event)
-        if projected is None:
-            continue
-        data = projected.encode() if isinstance(projected, str) else dumps(projected)
-        parts.append(b"id: %s\nevent: %s\ndata: %s\n\n" % (event.cursor.encode(), event.kind.encode(), data))
-    return b"".join(parts)
+    return sse_frames(events, project)
 
 
 def _shared_frames(bus: Bus, topic: str, events: list[Event]) -> bytes:
@@ -58,6 +53,183 @@ class StreamStats:
         self.open_streams = 0
 
 
+class RunStream:
+    """One client's stream of a topic on a prepared response: pages of replay from the journal,
+    then the live tail of its bus subscription, until the topic's terminal event or the client
+    leaves.
+
+    Each step of `run` gets the next batch (`_replay_page`, or `_tail` once replay caught up) and
+    `_send`s it. While the writer waits with nothing buffered, `publish` may write a batch straight
+    to the socket (`_write_directly`). A heartbeat timer wakes the writer to check that the peer is
+    still there."""
+
+    def __init__(
+        self,
+        request: web.Request,
+        response: EventSourceResponse,
+        *,
+        topic: str,
+        journal: Journal,
+        bus: Bus,
+        after_seq: int,
+        is_finished: Callable[[], bool],
+        capacity: int,
+        heartbeat: float,
+        stats: StreamStats,
+        project: Callable[[Event], Any] | None = None,
+    ) -> None:
+        self._response = response
+        self._topic = topic
+        self._bus = bus
+        self._after_seq = after_seq
+        self._is_finished = is_finished
+        self._heartbeat = heartbeat
+        self._stats = stats
+        self._project = project
+        self._journal = journal
+        # Subscribed before the first journal read, so no event falls between the two.
+        self._subscriber = bus.subscribe(topic, capacity)
+        self._wakeup = self._subscriber.wakeup
+        transport = self._transport = request.transport
+        self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
+        self._chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
+        # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
+        # uncompressed) streams.
+        self._can_write_directly = project is None and transport is not None and not response.compression
+        self._loop = asyncio.get_running_loop()
+        self._beat = False  # a heartbeat period went by
+        self._beat_handle: asyncio.TimerHandle | None = None
+        self._last = after_seq  # the seq of the last event the client was sent
+        self._replaying = True  # reading the journal page by page, until a page comes back short
+        self._sent = False  # something was written (so the response headers are out)
+        self._finished = False  # a direct write delivered the terminal event
+
+    async def run(self) -> None:
+        self._beat_handle = self._loop.call_later(self._heartbeat, self._on_beat)
+        self._stats.open_streams += 1
+        try:
+            while True:
+                if self._replaying or self._subscriber.needs_replay:
+                    events = await self._replay_page()
+                else:
+                    events = await self._tail()
+                if events is None:
+                    break
+                if events and await self._send(events):
+                    break
+        except (ConnectionResetError, TimeoutError):
+            pass  # the client went away or stalled; it resumes with Last-Event-ID
+        finally:
+            self._close()
+        try:
+            self._response.stop_streaming()
+            await self._response.write_eof()
+        except (ConnectionResetError, RuntimeError):
+            pass
+
+    def _close(self) -> None:
+        """Stop the heartbeat and leave the bus (counting this subscription's merges)."""
+        if self._beat_handle is not None:
+            self._beat_handle.cancel()
+        self._stats.merges += self._subscriber.merges
+        self._bus.unsubscribe(self._subscriber)
+        self._stats.open_streams -= 1
+
+    def _on_beat(self) -> None:
+        """One timer per stream (not one per wait), waking the writer to check the peer."""
+        self._beat = True
+        self._wakeup.set()
+        self._beat_handle = self._loop.call_later(self._heartbeat, self._on_beat)
+
+    async def _replay_page(self) -> list[Event] | None:
+        """The next page from the journal after the last seq sent; None once a finished topic has
+        nothing left. A full page means more may follow: the next step replays again."""
+        subscriber = self._subscriber
+        if subscriber.needs_replay:
+            self._stats.replays += 1
+        # Dropping the buffer and snapshotting the journal happen in one step.
+        subscriber.needs_replay = False
+        subscriber.buffer.clear()
+        self._wakeup.clear()
+        page = REPLAY_PAGE if self._last > self._after_seq else REPLAY_FIRST_PAGE
+        events = await self._journal.read(self._topic, self._last, page)
+        self._replaying = len(events) >= page
+        if not events and not self._replaying and self._is_finished():
+            return None
+        return events
+
+    async def _tail(self) -> list[Event] | None:
+        """The next batch from the subscription's buffer, waiting for one if it is empty (then
+        returns [] to go round again); None when the stream is over."""
+        subscriber = self._subscriber
+        if not subscriber.buffer:
+            return await self._wait()
+        taken = subscriber.take(WRITE_BATCH)
+        if taken and taken[0].seq <= self._last:  # seqs increase: only a head can be stale
+            events = [e for e in taken if e.seq > self._last]
+            if not events and taken[-1].is_terminal:
+                return None  # the client's cursor is already past the end of the run
+            return events
+        return taken
+
+    async def _wait(self) -> list[Event] | None:
+        """Wait for a publish or a heartbeat. Meanwhile `publish` may write to the socket directly;
+        None if the client left or a direct write delivered the terminal event."""
+        if self._beat:  # a heartbeat period went by with nothing to send
+            self._beat = False
+            self._wakeup.clear()
+            if not self._response.is_connected():
+                return None
+        subscriber = self._subscriber
+        if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
+            subscriber.write_directly = self._write_directly
+        await self._wakeup.wait()
+        subscriber.write_directly = None
+        return None if self._finished else []
+
+    async def _send(self, events: list[Event]) -> bool:
+        """Write `events` through the response; True if the last is the terminal event."""
+        project = self._project
+        blob = encode_events(events, project) if project is not None else _shared_frames(self._bus, self._topic, events)
+        transport = self._transport
+        idle = transport is not None and not transport.get_write_buffer_size()
+        if self._sent and idle and len(blob) + 64 <= self._high_water:
+            # Headers sent, nothing queued (so not paused) and the batch fits below the
+            # high-water mark: the write cannot pause the transport, so it cannot wait for a
+            # drain, and needs no send timer.
+            await self._response.write(blob)
+        else:
+            async with asyncio.timeout(SEND_TIMEOUT):
+                await self._response.write(blob)
+        self._sent = True
+        self._stats.delivered += len(events)
+        last = events[-1]
+        self._last = last.seq
+        return last.is_terminal  # nothing follows a run's terminal event
+
+    def _write_directly(self, events: list[Event], frames: bytes | None) -> bool:
+        """Write a just-published batch to the socket from `publish`, while this client waits with
+        nothing buffered: no task switch per client per batch. Declines (the batch is then
+        buffered as usual) unless the transport's own buffer is empty, so at most one batch ever
+        waits there and no drain or send timer is needed."""
+        transport = self._transport
+        assert transport is not None
+        if events[0].seq <= self._last or transport.is_closing():
+            return False
+        if transport.get_write_buffer_size():
+            return False  # the client is not keeping up: buffer (merge, replay) as usual
+        blob = frames if frames is not None else encode_events(events)
+        transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if self._chunked else blob)
+        self._stats.delivered += len(events)
+        last = events[-1]
+        self._last = last.seq
+        if last.is_terminal:  # nothing follows a run's terminal event
+            self._finished = True
+            self._subscriber.write_directly = None
+            self._wakeup.set()
+        return True
+
+
 async def stream_run(
     request: web.Request,
     *,
@@ -70,125 +242,28 @@ async def stream_run(
     heartbeat: float,
     stats: StreamStats,
     project: Callable[[Event], Any] | None = None,
-    read: Callable[[int, int], Any] | None = None,
 ) -> web.StreamResponse:
-    """Stream `topic` (a run id) after `after_seq` until its terminal event.
+    """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
-    terminal event the client already has); `read(after, limit)` overrides the journal read.
+    terminal event the client already has); `project` maps each event to what the client sees
+    (None: the event's wire JSON).
     """
     response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=SEND_TIMEOUT)
     response.headers["X-Accel-Buffering"] = "no"
     await response.prepare(request)
-    reader = read or (lambda after, limit: journal.read(topic, after, limit))
-    subscriber = bus.subscribe(topic, capacity)
-    wakeup = subscriber.wakeup
-    transport = request.transport
-    high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
-    loop = asyncio.get_running_loop()
-    # The heartbeat: one timer per stream (not one per wait), waking the writer to check the peer.
-    beat = False
-    beat_handle: asyncio.TimerHandle | None = None
-
-    def on_beat() -> None:
-        nonlocal beat, beat_handle
-        beat = True
-        wakeup.set()
-        beat_handle = loop.call_later(heartbeat, on_beat)
-
-    beat_handle = loop.call_later(heartbeat, on_beat)
-    stats.open_streams += 1
-    last = after_seq
-    replaying = True
-    sent = False
-    finished = False
-    chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
-    # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
-    # uncompressed) streams.
-    can_write_directly = project is None and transport is not None and not response.compression
-
-    def write_directly(events: list[Event], frames: bytes | None) -> bool:
-        """Write a just-published batch to the socket from `publish`, while this client waits with
-        nothing buffered: no task switch per client per batch. Declines (the batch is then
-        buffered as usual) unless the transport's own buffer is empty, so at most one batch ever
-        waits there and no drain or send timer is needed."""
-        nonlocal last, finished
-        assert transport is not None
-        if events[0].seq <= last or transport.is_closing():
-            return False
-        if transport.get_write_buffer_size():
-            return False  # the client is not keeping up: buffer (merge, replay) as usual
-        blob = frames if frames is not None else encode_events(events)
-        transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if chunked else blob)
-        stats.delivered += len(events)
-        last = events[-1].seq
-        if events[-1].is_terminal:  # nothing follows a run's terminal event
-            finished = True
-            subscriber.write_directly = None
-            wakeup.set()
-        return True
-    try:
-        while True:
-            if replaying or subscriber.needs_replay:
-                if subscriber.needs_replay:
-                    stats.replays += 1
-                # Dropping the buffer and snapshotting the journal happen in one step.
-                subscriber.needs_replay = False
-                subscriber.buffer.clear()
-                subscriber.wakeup.clear()
-                page = REPLAY_PAGE if last > after_seq else REPLAY_FIRST_PAGE
-                events = await reader(last, page)
-                replaying = len(events) >= page
-                if not events and not replaying and is_finished():
-                    break
-            else:
-                if not subscriber.buffer:
-                    if beat:  # a heartbeat period went by with nothing to send
-                        beat = False
-                        wakeup.clear()
-                        if not response.is_connected():
-                            break
-                    if sent and can_write_directly:  # (headers are out: aiohttp sends them with the first write)
-                        subscriber.write_directly = write_directly
-                    await wakeup.wait()
-                    subscriber.write_directly = None
-                    if finished:
-                        break
-                    continue
-                taken = subscriber.take(WRITE_BATCH)
-                events = taken
-                if taken and taken[0].seq <= last:  # seqs increase: only a head can be stale
-                    events = [e for e in taken if e.seq > last]
-                    if not events and taken[-1].is_terminal:
-                        break  # the client's cursor is already past the end of the run
-            if not events:
-                continue
-            blob = encode_events(events, project) if project is not None else _shared_frames(bus, topic, events)
-            idle = transport is not None and not transport.get_write_buffer_size()
-            if sent and idle and len(blob) + 64 <= high_water:
-                # Headers sent, nothing queued (so not paused) and the batch fits below the
-                # high-water mark: the write cannot pause the transport, so it cannot wait for a
-                # drain, and needs no send timer.
-                await response.write(blob)
-            else:
-                async with asyncio.timeout(SEND_TIMEOUT):
-                    await response.write(blob)
-            sent = True
-            stats.delivered += len(events)
-            last = events[-1].seq
-            if events[-1].is_terminal:  # nothing follows a run's terminal event
-                break
-    except (ConnectionResetError, TimeoutError):
-        pass  # the client went away or stalled; it resumes with Last-Event-ID
-    finally:
-        if beat_handle is not None:
-            beat_handle.cancel()
-        stats.merges += subscriber.merges
-        bus.unsubscribe(subscriber)
-        stats.open_streams -= 1
-    try:
-        response.stop_streaming()
-        await response.write_eof()
-    except (ConnectionResetError, RuntimeError):
-        pass
+    stream = RunStream(
+        request,
+        response,
+        topic=topic,
+        journal=journal,
+        bus=bus,
+        after_seq=after_seq,
+        is_finished=is_finished,
+        capacity=capacity,
+        heartbeat=heartbeat,
+        stats=stats,
+        project=project,
+    )
+    await stream.run()
     return response

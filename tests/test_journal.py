@@ -349,9 +349,6 @@ async def test_spooled_events_reach_storage_after_a_crash(storage: PeeweeStorage
     # The kill may cut a frame short; recovery skips it.
     with leftovers[-1].open("a") as handle:
         handle.write('id: 000000000000000302\nevent: message.delta\ndata: {"schema":"gateway.run_event.v1","hostRu')
-    # A segment left by an earlier version (one wire JSON object per line) is recovered too.
-    legacy = Event("run_c", 1, "message.delta", "chat-only", {"text": "from an older gateway"}, 5)
-    (spool / "1-0000-000001.jsonl").write_bytes(legacy.wire_bytes() + b"\n")
 
     journal = Journal(storage, Bus(), spool)
     await journal.start()
@@ -363,8 +360,7 @@ async def test_spooled_events_reach_storage_after_a_crash(storage: PeeweeStorage
     assert {e.source for e in stored_a[:-1]} == {"chat-only"}
     assert seqs(stored_b) == list(range(1, 101))
     assert [e.payload["text"] for e in stored_b] == [f"b{i}" for i in range(0, 300, 3)]
-    assert storage.read_events("run_c") == [legacy]
-    assert all(not path.exists() for path in leftovers) and not list(spool.glob("*.jsonl"))
+    assert all(not path.exists() for path in leftovers)
     await journal.close()
     # Recovering twice is harmless (a replayed batch is skipped by the store).
     again = Journal(storage, Bus(), spool)
@@ -438,7 +434,7 @@ def test_subscriber_switches_to_replay_on_a_non_mergeable_overflow() -> None:
         assert len(sub.buffer) == 2
         sub.offer(overflow)
         assert sub.needs_replay, overflow.kind
-        assert list(sub.buffer) == [] and sub.replays == 1
+        assert list(sub.buffer) == []
         assert sub.wakeup.is_set()
         sub.offer(ev(5, text="ignored"))  # the writer re-reads these from the journal
         assert list(sub.buffer) == []
@@ -466,6 +462,7 @@ async def test_bus_under_pressure_merges_but_the_journal_keeps_every_event(
     journal.open_run("run_p")
     slow = bus.subscribe("run_p", 4)
     fast = bus.subscribe("run_p", 10_000)
+    assert bus.subscriber_count("run_p") == 2
     text = [f"w{i} " for i in range(500)]
     for piece in text:
         await journal.append("run_p", "message.delta", {"text": piece}, "chat-only")
@@ -479,7 +476,7 @@ async def test_bus_under_pressure_merges_but_the_journal_keeps_every_event(
     assert bus.buffered() == 0
     bus.unsubscribe(slow)
     bus.unsubscribe(fast)
-    assert bus.subscriber_count() == 0
+    assert bus.subscriber_count("run_p") == 0
     await journal.flush()
     assert len(await journal.read("run_p")) == 501
     assert json.loads(storage.read_events("run_p", 500)[0].wire_json())["kind"] == "run.completed"

@@ -222,9 +222,7 @@ async def test_live_tails_get_every_event_over_http_1_1_and_1_0(make_gateway: Ma
     )
     tails = []
     for version in ("1.1", "1.0"):
-        tail = RawSseClient(
-            client.server.host, client.server.port, f"/v1/runs/{run_id}/stream", http_version=version
-        )
+        tail = RawSseClient(client.server.host, client.server.port, f"/v1/runs/{run_id}/stream", http_version=version)
         await tail.connect(rcvbuf=1 << 20)
         await tail.read_until(lambda e: e["event"] == "plan.updated")  # tailing the live bus now
         tails.append(tail)

@@ -466,6 +466,8 @@ async def test_active_run_is_never_terminal_and_a_second_run_queues(make_gateway
     assert kinds[-1] == "run.completed"
     assert await active_run(client, session) is None
     assert fake_llm.requests[-1]["messages"][-1]["content"] == "second"
+    # The session's lock went with its last run (the terminal event is appended after it is left).
+    assert len(gateway_of(client).runs._session_locks) == 0
 
 
 # -- cancel and failures ------------------------------------------------------------------------------
