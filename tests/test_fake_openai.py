@@ -46,9 +46,7 @@ async def _sse_chunks(response: aiohttp.ClientResponse) -> list[Any]:
     return chunks
 
 
-async def _chat(
-    session: aiohttp.ClientSession, base_url: str, **body: Any
-) -> aiohttp.ClientResponse:
+async def _chat(session: aiohttp.ClientSession, base_url: str, **body: Any) -> aiohttp.ClientResponse:
     body.setdefault("model", "m")
     body.setdefault("messages", [{"role": "user", "content": "hi"}])
     return await session.post(f"{base_url}/chat/completions", json=body)
@@ -67,9 +65,7 @@ def _reassemble(chunks: list[Any]) -> dict[str, Any]:
             text += delta.get("content") or ""
             reasoning += delta.get("reasoning_content") or ""
             for tc in delta.get("tool_calls") or []:
-                slot = calls.setdefault(
-                    tc["index"], {"id": "", "name": "", "arguments": ""}
-                )
+                slot = calls.setdefault(tc["index"], {"id": "", "name": "", "arguments": ""})
                 if tc.get("id"):
                     slot["id"] = tc["id"]
                 function = tc.get("function") or {}
@@ -133,10 +129,7 @@ async def test_streaming_tool_calls_reassemble(fake: FakeOpenAI) -> None:
     assert json.loads(result["calls"][1]["arguments"]) == {"dir": "."}
     # arguments really were split across chunks, in OpenAI's incremental form
     arg_chunks = [
-        tc
-        for c in chunks[:-1]
-        for tc in c["choices"][0]["delta"].get("tool_calls") or []
-        if tc["index"] == 0
+        tc for c in chunks[:-1] for tc in c["choices"][0]["delta"].get("tool_calls") or [] if tc["index"] == 0
     ]
     assert len(arg_chunks) > 3
     assert arg_chunks[0]["type"] == "function"
@@ -152,9 +145,7 @@ async def test_stream_usage_chunk(fake: FakeOpenAI) -> None:
         )
     )
     async with aiohttp.ClientSession() as session:
-        response = await _chat(
-            session, fake.base_url, stream=True, stream_options={"include_usage": True}
-        )
+        response = await _chat(session, fake.base_url, stream=True, stream_options={"include_usage": True})
         chunks = await _sse_chunks(response)
     assert chunks[-1] == "[DONE]"
     usage_chunk = chunks[-2]
@@ -176,11 +167,7 @@ async def test_non_streaming(fake: FakeOpenAI) -> None:
     async with aiohttp.ClientSession() as session:
         first = await (await _chat(session, fake.base_url, model="other")).json()
         second = await (await _chat(session, fake.base_url)).json()
-        third = await (
-            await _chat(
-                session, fake.base_url, messages=[{"role": "user", "content": "ping"}]
-            )
-        ).json()
+        third = await (await _chat(session, fake.base_url, messages=[{"role": "user", "content": "ping"}])).json()
     assert first["object"] == "chat.completion"
     assert first["model"] == "other"
     assert first["choices"][0]["message"] == {
@@ -242,12 +229,8 @@ async def test_echo_handles_content_parts(fake: FakeOpenAI) -> None:
 async def test_embeddings(fake: FakeOpenAI) -> None:
     url = f"{fake.base_url}/embeddings"
     async with aiohttp.ClientSession() as session:
-        one = await (
-            await session.post(url, json={"model": "m", "input": "hello"})
-        ).json()
-        many = await (
-            await session.post(url, json={"model": "m", "input": ["hello", "world"]})
-        ).json()
+        one = await (await session.post(url, json={"model": "m", "input": "hello"})).json()
+        many = await (await session.post(url, json={"model": "m", "input": ["hello", "world"]})).json()
         b64 = await (
             await session.post(
                 url,
@@ -258,9 +241,7 @@ async def test_embeddings(fake: FakeOpenAI) -> None:
                 },
             )
         ).json()
-        wide = await (
-            await session.post(url, json={"input": "hello", "dimensions": 40})
-        ).json()
+        wide = await (await session.post(url, json={"input": "hello", "dimensions": 40})).json()
     vector = one["data"][0]["embedding"]
     assert one["object"] == "list"
     assert len(vector) == 16
@@ -301,9 +282,7 @@ async def test_error_status(fake: FakeOpenAI) -> None:
         assert second.status == 503
         assert (await second.json())["error"]["type"] == "server_error"
         assert (await third.json())["choices"][0]["message"]["content"] == "after"
-        broken = await session.post(
-            f"{fake.base_url}/chat/completions", data=b"{not json"
-        )
+        broken = await session.post(f"{fake.base_url}/chat/completions", data=b"{not json")
         assert broken.status == 400
         assert "error" in await broken.json()
 
@@ -313,9 +292,7 @@ async def test_requests_recorded_and_wait(fake: FakeOpenAI) -> None:
         waiter = asyncio.create_task(fake.wait_for_requests(2, timeout=5))
         await asyncio.sleep(0)
         assert not waiter.done()
-        await _chat(
-            session, fake.base_url, messages=[{"role": "user", "content": "one"}]
-        )
+        await _chat(session, fake.base_url, messages=[{"role": "user", "content": "one"}])
         await _chat(
             session,
             fake.base_url,
@@ -361,9 +338,7 @@ async def test_auth_enforced() -> None:
             assert [m["id"] for m in (await good.json())["data"]] == ["a", "b"]
 
 
-async def test_disconnect_mid_hang_does_not_break_server(
-    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_disconnect_mid_hang_does_not_break_server(fake: FakeOpenAI, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     fake.add(
         Reply(text="partial answer that never ends", hang=True, chunk_size=4),
@@ -379,17 +354,13 @@ async def test_disconnect_mid_hang_does_not_break_server(
             await asyncio.wait_for(response.content.readuntil(b"\n\n"), 0.3)
         response.close()  # the client goes away mid-stream
     async with aiohttp.ClientSession() as session:
-        result = _reassemble(
-            await _sse_chunks(await _chat(session, fake.base_url, stream=True))
-        )
+        result = _reassemble(await _sse_chunks(await _chat(session, fake.base_url, stream=True)))
         assert result["text"] == "next one"
     await asyncio.sleep(0.2)  # let the hanging handler notice the disconnect
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
-async def test_disconnect_mid_delay_stream(
-    fake: FakeOpenAI, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_disconnect_mid_delay_stream(fake: FakeOpenAI, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     fake.add(Reply(text="x" * 200, chunk_size=1, delay=0.01), "fine")
     async with aiohttp.ClientSession() as session:
@@ -423,9 +394,7 @@ async def test_hang_timeout_is_bounded() -> None:
 async def test_app_with_aiohttp_client(aiohttp_client: Any) -> None:
     fake = FakeOpenAI(["via test client"])
     client = await aiohttp_client(fake.app())
-    response = await client.post(
-        "/v1/chat/completions", json={"model": "m", "messages": [], "stream": False}
-    )
+    response = await client.post("/v1/chat/completions", json={"model": "m", "messages": [], "stream": False})
     data = await response.json()
     assert data["choices"][0]["message"]["content"] == "via test client"
 

@@ -633,8 +633,15 @@ async def test_register_setting_fields_appear_in_descriptors_and_validate_prefer
     class Tone:
         @hookimpl
         def register_setting_fields(self, register: Callable[[dict[str, Any]], None], config: Any) -> None:
-            register({"key": "ai.agent.*.tone", "label": "Tone", "kind": "select", "default": "plain",
-                      "options": ["plain", "formal"]})
+            register(
+                {
+                    "key": "ai.agent.*.tone",
+                    "label": "Tone",
+                    "kind": "select",
+                    "default": "plain",
+                    "options": ["plain", "formal"],
+                }
+            )
 
     client = await make_gateway(extra_plugins=(Tone(),))
     agents = (await (await client.get("/v1/agents")).json())["agents"]

@@ -115,9 +115,7 @@ async def make_harness_fixture(tmp_path: Path) -> AsyncIterator[HarnessFactory]:
         storage.open()
         journal = Journal(storage, Bus(), None)
         await journal.start()
-        plugins = PluginHost.load(
-            env={}, builtins={"core", "journal_peewee"}, extra=(workspace_plugin, *extra_plugins)
-        )
+        plugins = PluginHost.load(env={}, builtins={"core", "journal_peewee"}, extra=(workspace_plugin, *extra_plugins))
         overrides: dict[str, dict[str, Any]] = {"gateway": {"data_dir": str(base / "db")}}
         if configure_workspace:
             overrides["workspaces"] = {"roots": {"ws1": str(ws)}}

@@ -60,4 +60,3 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
             max_history_chars=int(section["max_history_chars"]),
         )
     )
-

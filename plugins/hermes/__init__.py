@@ -101,4 +101,3 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         **spec_options(section, default_model=section["provider_model"]),
     )
     register(AcpRuntime(spec))
-

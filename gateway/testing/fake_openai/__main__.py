@@ -26,26 +26,17 @@ async def _serve(fake: FakeOpenAI, port: int) -> None:
 
 
 @click.command(name="agent-gateway-fake-openai")
-@click.option(
-    "--port", type=int, default=0, show_default=True, help="0 picks a free port."
-)
+@click.option("--port", type=int, default=0, show_default=True, help="0 picks a free port.")
 @click.option(
     "--script",
     "script",
     type=click.Path(exists=True, dir_okay=False),
-    help='JSON list of replies (strings or Reply objects), or {"replies": [...], '
-    '"default": ...}.',
+    help='JSON list of replies (strings or Reply objects), or {"replies": [...], "default": ...}.',
 )
-@click.option(
-    "--echo", is_flag=True, help="After the script, echo the last user message."
-)
-@click.option(
-    "--default", "default_text", help="After the script, answer with this text."
-)
+@click.option("--echo", is_flag=True, help="After the script, echo the last user message.")
+@click.option("--default", "default_text", help="After the script, answer with this text.")
 @click.option("--api-key", help="Require 'Authorization: Bearer KEY'.")
-@click.option(
-    "--model", "models", multiple=True, help="Model id for /v1/models (repeatable)."
-)
+@click.option("--model", "models", multiple=True, help="Model id for /v1/models (repeatable).")
 @click.option("--embedding-dim", type=int, default=16, show_default=True)
 def main(
     port: int,

@@ -88,9 +88,7 @@ def load_script(path: str | Path) -> tuple[list[Reply], Reply | None]:
 
 
 def _error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(
-        status, "server_error" if status >= 500 else "invalid_request_error"
-    )
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
@@ -175,9 +173,7 @@ class FakeOpenAI:
         self.hang_timeout = hang_timeout
         self.requests: list[dict[str, Any]] = []
         self.embedding_requests: list[dict[str, Any]] = []
-        self._waiters: list[
-            tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]
-        ] = []
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._lock = threading.Lock()
         self._call_ids = itertools.count(1)
         self._closing: asyncio.Event | None = None
@@ -219,9 +215,7 @@ class FakeOpenAI:
             with contextlib.suppress(RuntimeError):  # the waiter's loop is closed
                 loop.call_soon_threadsafe(_resolve, future)
 
-    async def wait_for_requests(
-        self, n: int, timeout: float = 5.0
-    ) -> list[dict[str, Any]]:
+    async def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Wait until at least ``n`` chat requests were received; return them.
 
         Works from any event loop, also when the server runs in a thread.
@@ -262,17 +256,10 @@ class FakeOpenAI:
         return app
 
     @web.middleware
-    async def _auth_middleware(
-        self, request: web.Request, handler: Callable[[web.Request], Any]
-    ) -> web.StreamResponse:
+    async def _auth_middleware(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
         expected = f"Bearer {self.api_key}"
-        if (
-            self.api_key is not None
-            and request.headers.get("Authorization") != expected
-        ):
-            return _error_response(
-                401, "Incorrect API key provided.", code="invalid_api_key"
-            )
+        if self.api_key is not None and request.headers.get("Authorization") != expected:
+            return _error_response(401, "Incorrect API key provided.", code="invalid_api_key")
         result: web.StreamResponse = await handler(request)
         return result
 
@@ -375,9 +362,7 @@ class FakeOpenAI:
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
-            return _error_response(
-                400, "We could not parse the JSON body of your request."
-            )
+            return _error_response(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict):
             return _error_response(400, "The request body must be a JSON object.")
         return body
@@ -389,16 +374,12 @@ class FakeOpenAI:
         return self.model_ids[0] if self.model_ids else "m"
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [self._model_obj(m) for m in self.model_ids]}
-        )
+        return web.json_response({"object": "list", "data": [self._model_obj(m) for m in self.model_ids]})
 
     async def _model(self, request: web.Request) -> web.Response:
         model_id = request.match_info["model_id"]
         if model_id not in self.model_ids:
-            return _error_response(
-                404, f"The model '{model_id}' does not exist", code="model_not_found"
-            )
+            return _error_response(404, f"The model '{model_id}' does not exist", code="model_not_found")
         return web.json_response(self._model_obj(model_id))
 
     @staticmethod
@@ -436,9 +417,7 @@ class FakeOpenAI:
             tokens += max(1, _approx_tokens(text))
             vector = _embedding(text, dim)
             embedding: list[float] | str = (
-                base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode("ascii")
-                if as_base64
-                else vector
+                base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode("ascii") if as_base64 else vector
             )
             data.append({"object": "embedding", "index": index, "embedding": embedding})
         return web.json_response(
@@ -469,17 +448,11 @@ class FakeOpenAI:
         return calls
 
     @staticmethod
-    def _usage(
-        body: dict[str, Any], reply: Reply, calls: list[dict[str, Any]]
-    ) -> dict[str, Any]:
+    def _usage(body: dict[str, Any], reply: Reply, calls: list[dict[str, Any]]) -> dict[str, Any]:
         if reply.usage is not None:
             return reply.usage
         prompt = _approx_tokens(json.dumps(body.get("messages", [])))
-        completion = _approx_tokens(
-            reply.text
-            + reply.reasoning
-            + "".join(c["name"] + c["arguments"] for c in calls)
-        )
+        completion = _approx_tokens(reply.text + reply.reasoning + "".join(c["name"] + c["arguments"] for c in calls))
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -553,9 +526,7 @@ class FakeOpenAI:
                 ]
             }
             for piece in _pieces(call["arguments"], reply.chunk_size):
-                yield {
-                    "tool_calls": [{"index": index, "function": {"arguments": piece}}]
-                }
+                yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
 
     async def _stream(
         self,
