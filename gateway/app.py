@@ -31,6 +31,7 @@ from agent_gateway.runtime import Runtime
 from agent_gateway.sse import StreamStats
 from agent_gateway.tools import ToolFacade
 from agent_gateway.watcher import Watcher
+from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.app")
 
@@ -95,6 +96,8 @@ class Gateway:
         self.projections = plugins.projections()
         # What plugin routes were given (register_routes); create_app sets it.
         self.plugin_routes: PluginRoutes | None = None
+        # Who may use which workspace ([workspaces] owners): runs, tools and workspace streams.
+        self.workspace_access = WorkspaceAccess.of(config.workspace_roots, config.workspace_owners)
         self.tools = ToolFacade(
             [*plugins.tools(config), *FS_TOOLS],
             plugins,
@@ -102,6 +105,7 @@ class Gateway:
             self.executor,
             self.journal,
             workspace_roots=config.workspace_roots,
+            workspace_access=self.workspace_access,
         )
         self.stream_stats = StreamStats()
         # What runtimes may use through `turn.services` (no runtime imports the app).
@@ -128,6 +132,7 @@ class Gateway:
             self.executor,
             run_timeout=float(gw["run_timeout_seconds"]),
             services=self.services,
+            workspace_access=self.workspace_access,
         )
         self.watcher = Watcher(self)
 

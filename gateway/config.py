@@ -79,6 +79,15 @@ def _validate_workspaces(section: dict[str, Any]) -> list[tuple[str, str]]:
             problems.append((f"roots.{workspace_id}", "must be a directory path"))
         elif not Path(directory).expanduser().is_dir():
             problems.append((f"roots.{workspace_id}", f"directory {directory} does not exist"))
+    known = ", ".join(sorted(section["roots"])) or "none"
+    for workspace_id, actors in section["owners"].items():
+        where = f"owners.{workspace_id}"
+        if workspace_id not in section["roots"]:
+            problems.append((where, f"{workspace_id!r} is not a workspace in roots (known: {known})"))
+        if not isinstance(actors, list) or not all(isinstance(actor, str) and actor for actor in actors):
+            problems.append((where, 'must be a list of actor ids, e.g. ["alice", "bob"]'))
+        elif not actors:
+            problems.append((where, "must name at least one actor (to close a workspace, remove it from roots)"))
     return problems
 
 
@@ -112,9 +121,10 @@ CORE_SECTIONS = [
     SectionSpec("storage", {"url": ""}, None, "Storage URL; empty: SQLite in the data directory."),
     SectionSpec(
         "workspaces",
-        {"roots": {}, "allow_shell": False},
+        {"roots": {}, "owners": {}, "allow_shell": False},
         _validate_workspaces,
-        "Workspace ids mapped to directories; tools reach files only below a run's allowed roots there.",
+        "Workspace ids mapped to directories, and which actors may use them; tools reach files only "
+        "below a run's allowed roots there.",
     ),
 ]
 
@@ -206,6 +216,11 @@ class Config:
     @property
     def workspace_roots(self) -> dict[str, Path]:
         return {k: Path(v).expanduser() for k, v in self.section("workspaces")["roots"].items()}
+
+    @property
+    def workspace_owners(self) -> dict[str, frozenset[str]]:
+        """``[workspaces] owners``: workspace id -> the actors that may use it (unlisted: every actor)."""
+        return {k: frozenset(v) for k, v in self.section("workspaces")["owners"].items()}
 
     @property
     def tokens(self) -> dict[str, str]:

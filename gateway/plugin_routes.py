@@ -14,6 +14,7 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -122,6 +123,13 @@ class PluginRoutes:
         """The run ``host_run_id`` if it belongs to ``actor_id``, else None (never another actor's)."""
         return await self._gateway.runs.get(host_run_id, actor_id)
 
+    def workspace_root(self, request: web.Request, workspace_id: str) -> Path | None:
+        """The directory of ``workspace_id`` for the caller of ``request`` (None: not configured).
+        Raises :class:`agent_gateway.ApiError` 404 ``workspace_not_found`` when it is another actor's
+        (``[workspaces] owners``): a route that names a workspace itself checks it here."""
+        self._gateway.workspace_access.require(self.actor(request), workspace_id)
+        return self._gateway.config.workspace_roots.get(workspace_id)
+
     def runtime(self, agent_id: str) -> Runtime | None:
         """The registered runtime of ``agent_id``, or None."""
         return self._gateway.runtimes.get(agent_id)
@@ -133,7 +141,10 @@ class PluginRoutes:
     async def call_tool(self, name: str, arguments: Any, run: Run, *, caller: str = "route") -> dict[str, Any]:
         """Call tool ``name`` within ``run``'s scope (its workspace, allowed roots and disabled
         capabilities), as the run's actor: the same pipeline, receipt and events as an agent's call.
-        Get ``run`` with :meth:`run` so it is the caller's. Raises :class:`agent_gateway.ToolError`."""
+        Get ``run`` with :meth:`run` so it is the caller's. Raises :class:`agent_gateway.ToolError`, or
+        :class:`agent_gateway.ApiError` 404 ``workspace_not_found`` when the run's actor may not use
+        its workspace (``[workspaces] owners``)."""
+        self._gateway.workspace_access.require(run.actor_id, run.workspace_id)  # else a 404 ApiError
         facade = self._gateway.tools
         return await facade.call(name, arguments, facade.scope_for(run), caller=caller)
 

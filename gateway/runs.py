@@ -33,6 +33,7 @@ from agent_gateway.models import (
 from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
+from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.runs")
 
@@ -126,6 +127,7 @@ class RunManager:
         run_timeout: float = 3600.0,
         cancel_grace: float = 10.0,
         services: dict[str, Any] | None = None,
+        workspace_access: WorkspaceAccess | None = None,
     ) -> None:
         self.storage = storage
         self.journal = journal
@@ -135,6 +137,7 @@ class RunManager:
         self.run_timeout = run_timeout
         self.cancel_grace = cancel_grace
         self.services = services if services is not None else {}
+        self.workspace_access = workspace_access or WorkspaceAccess()
         self._active: dict[str, ActiveRun] = {}
         self._session_locks: KeyedLocks[tuple[str, str]] = KeyedLocks()  # one run of a session at a time
         self._creating: KeyedLocks[tuple[str, ...]] = KeyedLocks()  # one creation per request key
@@ -162,6 +165,7 @@ class RunManager:
                 f"unknown agentId {request['agentId']!r}",
                 knownAgents=sorted(self.runtimes),
             )
+        self.workspace_access.require(actor_id, request["workspaceId"])
         key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
         request_hash = canonical_hash(request)
         async with self._creating.hold(key):

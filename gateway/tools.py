@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from agent_gateway.models import Run, now_ms
 from agent_gateway.paths import FileVersion, PathError, ResolvedPath, current_version, resolve_path
+from agent_gateway.workspace_access import WorkspaceAccess
 
 if TYPE_CHECKING:
     from agent_gateway.journal import Journal
@@ -409,8 +410,10 @@ class ToolFacade:
         journal: Journal | None,
         *,
         workspace_roots: Mapping[str, Path] | None = None,
+        workspace_access: WorkspaceAccess | None = None,
     ) -> None:
         self.plugins = plugins
+        self.workspace_access = workspace_access or WorkspaceAccess()
         self.storage = storage
         self.executor = executor
         self.journal = journal
@@ -457,6 +460,10 @@ class ToolFacade:
         started = False
         requested_path: str | None = None
         try:
+            if not self.workspace_access.allows(scope.actor_id, scope.workspace_id):
+                # Runs are refused another actor's workspace; this holds for any other caller too,
+                # and says no more than a workspace that is not configured would.
+                raise ToolError("no_workspace", f"no configured workspace {scope.workspace_id[:80]!r}")
             if tool is None:
                 known = ", ".join(sorted(t.name for t in self._tools.values() if self._enabled(t, scope)))
                 raise ToolError("unknown_tool", f"no tool named {name[:80]!r} (available: {known})")

@@ -3,7 +3,8 @@
 Same framing as a run stream (``id: <seq>``, ``event: files.changed``, ``data: <event JSON>``,
 heartbeat comments), resumable with ``Last-Event-ID`` or ``?afterSeq=``. The stream has no
 terminal event: it stays open until the client leaves. Workspaces are the configured
-``[workspaces] roots``; an unknown id is a 404.
+``[workspaces] roots``; an unknown id, or another actor's workspace (``[workspaces] owners``), is
+a 404.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from agent_gateway.errors import ApiError
 from agent_gateway.models import parse_cursor
 from agent_gateway.sse import stream_run
 from agent_gateway.watcher import topic_for
+from agent_gateway.workspace_access import workspace_not_found
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -25,8 +27,9 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     async def events(request: web.Request) -> web.StreamResponse:
         workspace_id = request.match_info["workspace_id"]
         watcher = gateway.watcher
-        if not watcher.knows(workspace_id):
-            raise ApiError(404, "workspace_not_found", f"no configured workspace {workspace_id!r}")
+        # Another actor's workspace ([workspaces] owners) answers like one that does not exist.
+        if not watcher.knows(workspace_id) or not gateway.workspace_access.allows(request["actor"], workspace_id):
+            raise workspace_not_found(workspace_id)
         header = request.headers.get("Last-Event-ID")
         name, raw = ("Last-Event-ID", header) if header else ("afterSeq", request.query.get("afterSeq"))
         try:
