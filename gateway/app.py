@@ -132,6 +132,8 @@ class Gateway:
             self.executor,
             run_timeout=float(gw["run_timeout_seconds"]),
             services=self.services,
+            max_queued_per_session=int(gw["max_queued_runs_per_session"]),
+            max_active_per_actor=int(gw["max_active_runs_per_actor"]),
             workspace_access=self.workspace_access,
         )
         self.watcher = Watcher(self)

@@ -41,9 +41,17 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     problems = []
     if not 0 <= section["port"] <= 65535:
         problems.append(("port", f"must be 0..65535, got {section['port']}"))
-    for key in ("max_body_bytes", "heartbeat_seconds", "stream_buffer_events", "journal_batch_events"):
+    for key in (
+        "max_body_bytes",
+        "heartbeat_seconds",
+        "stream_buffer_events",
+        "journal_batch_events",
+        "max_active_runs_per_actor",
+    ):
         if section[key] <= 0:
             problems.append((key, "must be positive"))
+    if section["max_queued_runs_per_session"] < 0:
+        problems.append(("max_queued_runs_per_session", "must be 0 or more"))
     if not all(isinstance(name, str) and name and "/" not in name for name in section["allowed_hosts"]):
         problems.append(("allowed_hosts", "must be a list of host names (no scheme, no port)"))
     for origin in section["cors_origins"]:
@@ -103,6 +111,8 @@ CORE_SECTIONS = [
             "stream_buffer_events": 1024,
             "journal_batch_events": 5000,
             "run_timeout_seconds": 3600.0,
+            "max_queued_runs_per_session": 16,
+            "max_active_runs_per_actor": 64,
             "allowed_hosts": [],
             "cors_origins": [],
             "public_url": "",

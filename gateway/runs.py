@@ -41,6 +41,17 @@ MAX_ID_LENGTH = 200
 TRANSCRIPT_KEEP_TURNS = 50
 TURN_TOOLS_KEPT = 20
 TURN_FILES_KEPT = 50
+# What a 429 from run admission asks the client to wait before trying again.
+ADMISSION_RETRY_AFTER_SECONDS = 2
+
+
+class AdmissionRefused(ApiError):
+    """A run refused for now (429): its session's queue or its actor's active runs are full.
+    ``retry_after`` is the ``Retry-After`` header's value, in seconds."""
+
+    def __init__(self, code: str, message: str, limit: int, retry_after: int = ADMISSION_RETRY_AFTER_SECONDS) -> None:
+        super().__init__(429, code, message, limit=limit, retryAfterSeconds=retry_after)
+        self.retry_after = retry_after
 
 
 def canonical_hash(value: Any) -> str:
@@ -127,6 +138,8 @@ class RunManager:
         run_timeout: float = 3600.0,
         cancel_grace: float = 10.0,
         services: dict[str, Any] | None = None,
+        max_queued_per_session: int = 16,
+        max_active_per_actor: int = 64,
         workspace_access: WorkspaceAccess | None = None,
     ) -> None:
         self.storage = storage
@@ -137,8 +150,12 @@ class RunManager:
         self.run_timeout = run_timeout
         self.cancel_grace = cancel_grace
         self.services = services if services is not None else {}
+        self.max_queued_per_session = max_queued_per_session
+        self.max_active_per_actor = max_active_per_actor
         self.workspace_access = workspace_access or WorkspaceAccess()
         self._active: dict[str, ActiveRun] = {}
+        # Runs admitted but not yet in `_active` (their row is being stored), by (actor, session).
+        self._admitting: Counter[tuple[str, str]] = Counter()
         self._session_locks: KeyedLocks[tuple[str, str]] = KeyedLocks()  # one run of a session at a time
         self._creating: KeyedLocks[tuple[str, ...]] = KeyedLocks()  # one creation per request key
         self._shutting_down = False
@@ -170,20 +187,57 @@ class RunManager:
         request_hash = canonical_hash(request)
         async with self._creating.hold(key):
             existing = await self._db(self.storage.find_run_by_request, *key)
-            if existing is not None:
+            if existing is not None:  # idempotency first: a repeat is answered whatever the limits
                 return await self._existing(existing, request_hash), False
-            run = self._new_run(actor_id, request, request_hash, runtime)
+            admitted = self._admit(actor_id, request["sessionId"])
             try:
-                await self._db(self.storage.insert_run, run)
-            except RequestConflict as conflict:  # another process took the key
-                return await self._existing(conflict.existing, request_hash), False
-        self.journal.open_run(run.host_run_id)
-        active = ActiveRun(run, runtime)
-        self._active[run.host_run_id] = active
+                run = self._new_run(actor_id, request, request_hash, runtime)
+                try:
+                    await self._db(self.storage.insert_run, run)
+                except RequestConflict as conflict:  # another process took the key
+                    return await self._existing(conflict.existing, request_hash), False
+                self.journal.open_run(run.host_run_id)
+                active = ActiveRun(run, runtime)
+                self._active[run.host_run_id] = active
+            finally:
+                self._admitting[admitted] -= 1
+                if self._admitting[admitted] <= 0:
+                    del self._admitting[admitted]
         self.created += 1
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
+
+    def _admit(self, actor_id: str, session_id: str) -> tuple[str, str]:
+        """Count the new run against the limits, or raise :class:`AdmissionRefused`. Checks and
+        counts without awaiting, so concurrent creations cannot all pass; the caller un-counts
+        the returned key once the run is in ``_active`` (or was not created)."""
+        session = (actor_id, session_id)
+        of_actor = sum(n for (actor, _), n in self._admitting.items() if actor == actor_id)
+        in_session = self._admitting[session]
+        for active in self._active.values():
+            run = active.run
+            if run.actor_id != actor_id or run.is_terminal or self.journal.has_terminal(run.host_run_id):
+                continue  # a run whose terminal event is out no longer counts (clients saw it end)
+            of_actor += 1
+            in_session += run.session_id == session_id
+        if of_actor >= self.max_active_per_actor:
+            raise AdmissionRefused(
+                "too_many_active_runs",
+                f"this actor already has {of_actor} active runs (the limit, [gateway] max_active_runs_per_actor); "
+                "retry when one has ended",
+                self.max_active_per_actor,
+            )
+        # One run of a session executes; the others queue behind it.
+        if in_session > self.max_queued_per_session:
+            raise AdmissionRefused(
+                "session_queue_full",
+                f"this session already has {in_session - 1} queued runs behind the running one (the limit, "
+                "[gateway] max_queued_runs_per_session); retry when one has ended",
+                self.max_queued_per_session,
+            )
+        self._admitting[session] += 1
+        return session
 
     async def _existing(self, existing: Run, request_hash: str) -> Run:
         run = self._same_request(existing, request_hash)

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from agent_gateway.builtin import ui_projection
-from agent_gateway.errors import ApiError, read_json
+from agent_gateway.errors import ApiError, error_response, read_json
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
 from agent_gateway.preferences import apply_run_defaults
+from agent_gateway.runs import AdmissionRefused
 from agent_gateway.sse import stream_run
 
 if TYPE_CHECKING:
@@ -55,7 +56,12 @@ class RunRoutes:
         body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
         # Agents call back (MCP) on the address the host used, unless the launcher set one.
         self.gw.services.setdefault("base_url", str(request.url.origin()))
-        run, created = await self.gw.runs.create(request["actor"], body)
+        try:
+            run, created = await self.gw.runs.create(request["actor"], body)
+        except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry
+            response = error_response(refused.status, refused.code, str(refused), **refused.extra)
+            response.headers["Retry-After"] = str(refused.retry_after)
+            return response
         response = _receipt(run)
         response.set_status(201 if created else 200)
         response.headers["Location"] = f"/v1/runs/{run.host_run_id}"
