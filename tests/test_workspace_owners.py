@@ -217,3 +217,18 @@ owners = {{ "local:notes" = ["alice"], "ghost" = ["bob"], "team:docs" = "bob" }}
     assert result.exit_code == 1
     assert "environment: workspaces.owners.ghost: 'ghost' is not a workspace in roots (known: none)" in result.output
     assert 'environment: workspaces.owners.ghost: must be a list of actor ids, e.g. ["alice", "bob"]' in result.output
+
+
+async def test_knowledge_routes_refuse_another_actors_workspace(make_gateway, dirs) -> None:
+    """The knowledge plugin's routes name a workspace in the request: Bob cannot list, add or
+    query Alice's documents there (404, before the provider is asked)."""
+    overrides = {**sections(dirs, OWNERS), "lightrag": {"url": "http://127.0.0.1:9"}}
+    client = await make_gateway(tokens=TOKENS, overrides=overrides)
+    listed = await client.get("/v1/knowledge/documents", params={"workspaceId": NOTES}, headers=BOB)
+    assert (await error_of(listed, 404))["code"] == "workspace_not_found"
+    query = {"workspaceId": NOTES, "query": "what is in the notes?"}
+    asked = await client.post("/v1/knowledge/query", json=query, headers=BOB)
+    assert (await error_of(asked, 404))["code"] == "workspace_not_found"
+    # the owner gets past the check (the provider behind 127.0.0.1:9 is down: not a 404)
+    allowed = await client.get("/v1/knowledge/documents", params={"workspaceId": NOTES}, headers=ALICE)
+    assert allowed.status != 404, await allowed.text()

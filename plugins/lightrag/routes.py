@@ -77,7 +77,7 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
             roots = [roots]
         if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
             raise ApiError(400, "invalid_request", "allowedRoots must be a list of strings")
-        root = routes.config.workspace_roots.get(workspace_id)
+        root = routes.workspace_root(request, workspace_id)  # 404 for another actor's workspace
         return Where(workspace_id, root, roots, routes.in_thread, routes.actor(request))
 
     async def body_of(request: web.Request, schema: dict[str, Any] | None) -> tuple[Where, dict[str, Any]]:
