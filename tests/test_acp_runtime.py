@@ -707,7 +707,7 @@ async def test_auto_allow_kinds_need_no_request(make_gateway: MakeGateway) -> No
 LOAD_FAILURES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "error": ("replay", {}, True),  # session/load answers -32002 for a session the agent lost
     "exited": ("exit_on_load", {}, False),
-    "timeout": ("hang_on_load", {"session_timeout": 1.0}, False),
+    "timeout": ("hang_on_load", {"session_timeout": 2.0}, False),
     "no_replay": ("silent_load", {}, False),
 }
 

@@ -128,11 +128,16 @@ async def test_an_interpreter_is_never_probed(make_gateway: MakeGateway, tmp_pat
 
 
 def test_probe_version_reads_the_binary_itself(tmp_path: Path) -> None:
-    """A binary that answers `--version` is probed with stdin closed and its first line kept."""
+    """A binary that answers `--version` is probed with stdin closed and its first line kept; a
+    line without a digit (a log line) is no version."""
     binary = tmp_path / "my-agent"
     binary.write_text('#!/bin/sh\n[ "$1" = --version ] && read -r line; echo "my-agent 2.5.0 ($line)"\n')
     binary.chmod(0o755)
     assert acp_runtime.probe_version([str(binary)], env={"PATH": "/usr/bin:/bin"}) == "my-agent 2.5.0 ()"
+    chatty = tmp_path / "chatty-agent"
+    chatty.write_text("#!/bin/sh\necho 'starting the agent...' >&2\n")
+    chatty.chmod(0o755)
+    assert acp_runtime.probe_version([str(chatty)], env={"PATH": "/usr/bin:/bin"}) is None
     assert acp_runtime.probes_itself([str(binary), "acp"])
     assert not acp_runtime.probes_itself(["python3", "agent.py"])
     assert not acp_runtime.probes_itself(["/usr/bin/node", "cli.js"])

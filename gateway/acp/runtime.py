@@ -235,8 +235,8 @@ PROBE_TIMEOUT = 3.0
 
 
 def probe_version(command: list[str], timeout: float | None = None, env: dict[str, str] | None = None) -> str | None:
-    """`<binary> --version`, first line of its output; None if it says nothing, fails or does not
-    answer within ``timeout`` (default :data:`PROBE_TIMEOUT`). Runs with stdin closed (an agent
+    """`<binary> --version`, first line of its output; None if that has no digit, or the binary
+    fails or does not answer within ``timeout`` (default :data:`PROBE_TIMEOUT`). Runs with stdin closed (an agent
     that ignores `--version` and waits for ACP on stdin gets end-of-file at once) in its own
     process group, killed whole on timeout. ``env``: the process's whole environment (default:
     the base agent environment). Blocking: call it off the event loop."""
@@ -272,7 +272,9 @@ def probe_version(command: list[str], timeout: float | None = None, env: dict[st
     if process.returncode != 0:
         return None
     lines = (stdout or stderr or "").strip().splitlines()
-    return lines[0].strip()[:200] if lines else None
+    first = lines[0].strip()[:200] if lines else ""
+    # A version has a digit; anything else is the agent saying something else (a log line, a usage).
+    return first if re.search(r"\d", first) else None
 
 
 def probes_itself(command: list[str]) -> bool:
