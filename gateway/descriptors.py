@@ -346,7 +346,8 @@ _building: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDiction
 
 
 async def registry_for(gateway: Gateway) -> DescriptorRegistry:
-    """The gateway's registry, built once, off the event loop (``describe()`` may probe binaries)."""
+    """The gateway's registry, built once, off the event loop (``describe()`` may look up binaries;
+    it never waits on an agent process: ACP version probes run in the background)."""
     found = _registries.get(gateway)
     if found is not None:
         return found

@@ -12,6 +12,7 @@ agent process to close, and every wait is bounded (``WAIT``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -698,3 +699,132 @@ async def test_auto_allow_kinds_need_no_request(make_gateway: MakeGateway) -> No
     assert len(resolved) == 1
     assert resolved[0]["payload"]["by"] == "policy" and resolved[0]["payload"]["optionId"] == "allow_once"
     assert completed_text(events) == "permission: allow_once"
+
+
+# -- a load or a live session that fails falls back on the same turn --------------------------------------
+
+# reason → (fake behaviour, spec options, wipe the agent's state across the restart)
+LOAD_FAILURES: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "error": ("replay", {}, True),  # session/load answers -32002 for a session the agent lost
+    "exited": ("exit_on_load", {}, False),
+    "timeout": ("hang_on_load", {"session_timeout": 2.0}, False),
+    "no_replay": ("silent_load", {}, False),
+}
+
+
+def started_pids(path: Path) -> list[int]:
+    """The pids of the fake agent processes started so far (``FAKE_ACP_STARTED``)."""
+    if not path.exists():
+        return []
+    return [json.loads(line)["pid"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def stored_agent_session(client: TestClient, run: dict[str, Any]) -> Any:
+    """The agent session id the gateway keeps for the run's session (what a restart would load)."""
+    storage = gateway_of(client).storage
+    session = await asyncio.to_thread(storage.get_session, run["actorId"], run["sessionId"]) or {}
+    return ((session.get("runtimes") or {}).get(AGENT) or {}).get("agentSessionId")
+
+
+@pytest.mark.parametrize("reason", sorted(LOAD_FAILURES))
+async def test_failed_load_falls_back_on_the_same_turn_and_is_never_retried(
+    make_gateway: MakeGateway, tmp_path: Path, reason: str
+) -> None:
+    behaviour, options, wipe = LOAD_FAILURES[reason]
+    state = tmp_path / "agent-state"
+    starts = tmp_path / "started.jsonl"
+
+    def plugin() -> FakeAcpPlugin:
+        made = FakeAcpPlugin(behaviour, state_dir=state, **options)
+        made.env["FAKE_ACP_STARTED"] = str(starts)
+        return made
+
+    client = await gateway_with(make_gateway, plugin())
+    first, _ = await turn(client, "remember the blue door")
+    assert first["status"] == "completed" and first["sessionMode"] == "new_session"
+    client = await restart(make_gateway, client, plugin(), wipe=state if wipe else None)
+    before = len(started_pids(starts))
+
+    run, events = await turn(client, "which door?")
+    assert run["status"] == "completed", run["error"]
+    info = assert_mode(run, events, "cold_resumed")
+    assert info["fallback"]["reason"] == reason, info
+    assert info["fallback"]["message"]
+    assert info["loadAttempted"] is True and info["previousAgentSessionId"] == first["providerRunId"]
+    assert run["providerRunId"] == info["agentSessionId"] != first["providerRunId"]
+    assert not [e for e in events if e["source"] == "adapter_replay"]
+    reply = completed_text(events)
+    assert reply.startswith("echo: " + PACKET_HEADER) and "User: remember the blue door" in reply, reply
+    # The failed agent session id is forgotten: the gateway keeps the new one.
+    assert await stored_agent_session(client, run) == run["providerRunId"]
+    # A process that died or hung in the load is closed; the turn ran on a new one.
+    binding = binding_of(client, "s1")
+    assert binding.alive
+    new_pids = started_pids(starts)[before:]
+    assert binding.process.pid in new_pids
+    assert len(new_pids) == (2 if reason in ("exited", "timeout") else 1), new_pids
+    assert all(not process_alive(pid) for pid in new_pids if pid != binding.process.pid)
+
+    # The next turn uses the new agent session live: the failed load is not tried again.
+    again, events = await turn(client, "and now?")
+    assert again["status"] == "completed"
+    assert_mode(again, events, "native_live")
+    assert again["providerRunId"] == run["providerRunId"]
+    assert len(started_pids(starts)) == before + len(new_pids)
+
+
+async def test_refusal_on_a_live_session_retries_the_turn_once_on_a_new_session(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    starts = tmp_path / "started.jsonl"
+    plugin = FakeAcpPlugin("silent_load")
+    plugin.env["FAKE_ACP_STARTED"] = str(starts)
+    client = await gateway_with(make_gateway, plugin)
+    first, _ = await turn(client, "remember the blue door")
+    # The agent answers, then loses the session while the binding stays live (Hermes after its
+    # session store went away answers `refusal` for it).
+    forgetting, _ = await turn(client, "forget me")
+    assert forgetting["sessionMode"] == "native_live" and forgetting["status"] == "completed"
+    old_pid = binding_of(client, "s1").process.pid
+
+    run, events = await turn(client, "which door?")
+    assert run["status"] == "completed", run["error"]
+    assert run["sessionMode"] == "cold_resumed"  # the receipt says how the turn really ran
+    modes = [e["payload"] for e in of_kind(events, "session.info.updated") if "sessionMode" in e["payload"]]
+    assert [m["sessionMode"] for m in modes] == ["native_live", "cold_resumed"], modes
+    info = modes[1]
+    assert info["fallback"]["reason"] == "refusal" and first["providerRunId"] in info["fallback"]["message"]
+    assert info["previousAgentSessionId"] == first["providerRunId"] and info["loadAttempted"] is False
+    assert run["providerRunId"] == info["agentSessionId"] != first["providerRunId"]
+    reply = completed_text(events)
+    assert reply.startswith("echo: " + PACKET_HEADER) and "User: remember the blue door" in reply, reply
+    assert sum(e["kind"] in TERMINAL_KINDS for e in events) == 1
+    assert await stored_agent_session(client, run) == run["providerRunId"]
+    # The refused binding is gone with its process; the new session is live from now on.
+    binding = binding_of(client, "s1")
+    assert binding.process.pid != old_pid and not process_alive(old_pid)
+    assert started_pids(starts) == [old_pid, binding.process.pid]
+    again, events = await turn(client, "and now?")
+    assert_mode(again, events, "native_live")
+    assert again["providerRunId"] == run["providerRunId"]
+
+
+async def test_refusal_on_a_new_session_is_not_retried(make_gateway: MakeGateway) -> None:
+    """A refusal on a session the agent has just opened is its answer, not a lost session."""
+    client = await gateway_with(make_gateway, FakeAcpPlugin("silent_load"))
+    run, events = await turn(client, "refuse this")
+    assert run["status"] == "failed" and "refusal" in (run["error"] or ""), run
+    assert_mode(run, events, "new_session")
+    assert runtime_of(client).live_bindings() == 1
+    again, events = await turn(client, "hello")
+    assert again["status"] == "completed"
+    assert_mode(again, events, "native_live")
+    assert again["providerRunId"] == run["providerRunId"]

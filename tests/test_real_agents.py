@@ -12,7 +12,9 @@ What is checked, per agent:
 - after a gateway restart on the same data dir the agent session is `loaded`, and the replayed
   history never shows up as new output;
 - cancel mid-stream ends the run `cancelled` and keeps the live binding;
-- an agent process killed mid-turn fails the run with the signal, and the next turn recovers.
+- an agent process killed mid-turn fails the run with the signal, and the next turn recovers;
+- Hermes whose session store was wiped across a restart: the load falls back to a new agent
+  session with the cold-resume packet on the same turn, and the next turn is live on it.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import uuid
 from collections.abc import Callable
@@ -415,3 +418,61 @@ async def test_agent_killed_mid_turn_fails_the_run_and_the_next_turn_recovers(
     # The new process loads the agent session the killed one had saved.
     assert third["sessionMode"] == "loaded", third
     assert third["providerRunId"] == first["providerRunId"]
+
+
+def wipe_hermes_sessions(hermes_home: Path) -> list[str]:
+    """Remove Hermes' session store (`$HERMES_HOME/state.db` with its SQLite journal files, and
+    `sessions/` transcripts), as if it had lost it; the names of what was removed."""
+    removed = []
+    for path in [*sorted(hermes_home.glob("state.db*")), hermes_home / "sessions"]:
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(path.name)
+    return removed
+
+
+async def test_hermes_with_its_session_store_wiped_falls_back_and_the_turn_succeeds(
+    llm: Llm, agent_state: Path, make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    agent = "hermes"
+    turn1 = ("Please remember the code word HERON for later.", "Noted: HERON.")
+    turn2 = ("What was the code word again?", "It was HERON.")
+    turn3 = ("Thanks, that is all.", "You are welcome.")
+    for message, reply in (turn1, turn2, turn3):
+        llm.answers[message] = Reply(text=reply)
+    config = overrides(agent, llm.fake.base_url, agent_state)
+    data_dir = tmp_path / "gateway-data"
+    client = await make_gateway(config, data_dir=data_dir)
+    session = Session(client, agent)
+    first, events1 = await session.turn(turn1[0])
+    assert_completed(first, events1)
+    await client.close()  # Hermes stops with the gateway ...
+    assert "state.db" in wipe_hermes_sessions(agent_state / "hermes")  # ... and loses its sessions
+
+    client = await make_gateway(config, data_dir=data_dir)
+    session = Session(client, agent)
+    session.session_id = first["sessionId"]
+    second, events2 = await session.turn(turn2[0])
+    assert_completed(second, events2)
+    assert second["sessionMode"] == "cold_resumed", second
+    modes = [e["payload"] for e in events2 if e["kind"] == "session.info.updated" and "sessionMode" in e["payload"]]
+    assert [m["sessionMode"] for m in modes] == ["cold_resumed"], modes
+    info = modes[0]
+    # Hermes answers session/load of a session it no longer has with null and no replay.
+    assert info["fallback"]["reason"] == "no_replay", info
+    assert info["loadAttempted"] is True and info["previousAgentSessionId"] == first["providerRunId"]
+    assert second["providerRunId"] == info["agentSessionId"] != first["providerRunId"]
+    assert completed_text(events2) == turn2[1]
+    # The new agent session got turn 1 from the gateway's cold-resume packet.
+    (request,) = llm.turn_requests(turn2[0])
+    assert any(role == "user" and turn1[0] in text for role, text in conversation(request)), conversation(request)
+
+    # The failed load is not tried again: the next turn is live on the new agent session.
+    third, events3 = await session.turn(turn3[0])
+    assert_completed(third, events3)
+    assert third["sessionMode"] == "native_live"
+    assert third["providerRunId"] == second["providerRunId"]

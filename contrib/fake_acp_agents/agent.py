@@ -7,6 +7,9 @@ plain prompt is answered by streaming one thought chunk and then
 ``"echo: <prompt text>"`` in a few message chunks; the prompt ``history?``
 answers with the previous prompts of the session joined by ``|``.
 ``session/cancel`` ends an in-flight prompt with ``stopReason: cancelled``.
+The prompt ``forget me`` is answered, then the agent forgets that session (as an
+agent that lost its session store would: its next prompt is refused or an error);
+the prompt ``refuse this`` ends at once with ``stopReason: refusal``.
 
 Behaviours:
 
@@ -20,6 +23,11 @@ Behaviours:
 ``silent_load``
     ``loadSession: true``; loading an unknown id succeeds with no replay, and a
     prompt on an unknown session ends with ``stopReason: refusal`` (Hermes).
+``exit_on_load``
+    ``loadSession: true``; ``session/load`` writes a line to stderr and exits
+    with code 4 before answering.
+``hang_on_load``
+    ``loadSession: true``; ``session/load`` is never answered.
 ``reject_concurrent``
     a second prompt on a session while one runs is a ``-32600`` error
     (Reasonix); other behaviours queue it behind the first.
@@ -58,6 +66,14 @@ offers HTTP MCP servers); without it only stdio is declared.
 
 ``FAKE_ACP_DELAY`` (or ``--delay``) adds that many seconds before each message
 chunk (cancellable), to make turns slow.
+
+Arguments it does not know (``--version``, ...) are ignored: the process stays an
+ACP agent reading stdin, as agents without a version option do. ``FAKE_ACP_STARTED``
+(a file path): every process start appends a JSON line ``{"pid", "argv",
+"stdinIsDevNull"}``. ``FAKE_ACP_HOLD`` (a FIFO path): a process started with
+``--version`` first reads that FIFO to its end (it stays blocked until the test
+writes to it and closes it), standing for an agent that never answers a version
+probe.
 """
 
 from __future__ import annotations
@@ -116,6 +132,8 @@ BEHAVIOURS: tuple[str, ...] = (
     "basic",
     "replay",
     "silent_load",
+    "exit_on_load",
+    "hang_on_load",
     "reject_concurrent",
     "permission",
     "crash",
@@ -128,6 +146,8 @@ BEHAVIOURS: tuple[str, ...] = (
 BIG_CHUNK_BYTES = 5 * 1024 * 1024
 STDERR_FLOOD_BYTES = 5 * 1024 * 1024
 CRASH_EXIT_CODE = 3
+LOAD_EXIT_CODE = 4
+LOADING_BEHAVIOURS = ("replay", "silent_load", "exit_on_load", "hang_on_load")
 MODELS: tuple[str, ...] = ("fake-small", "fake-large")
 MCP_PROTOCOL_VERSION = "2025-06-18"
 MCP_TIMEOUT = 120.0  # seconds for one MCP exchange (a knowledge query may be slow)
@@ -242,7 +262,7 @@ class FakeAgent:
         return InitializeResponse(
             protocol_version=1,
             agent_capabilities=AgentCapabilities(
-                load_session=self.behaviour in ("replay", "silent_load"),
+                load_session=self.behaviour in LOADING_BEHAVIOURS,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=True),
                 session_capabilities=SessionCapabilities(
                     list=SessionListCapabilities(),
@@ -264,8 +284,14 @@ class FakeAgent:
     async def load_session(
         self, cwd: str, session_id: str, mcp_servers: Any = None, **kwargs: Any
     ) -> LoadSessionResponse | None:
-        if self.behaviour not in ("replay", "silent_load"):
+        if self.behaviour not in LOADING_BEHAVIOURS:
             raise RequestError.method_not_found("session/load")
+        if self.behaviour == "exit_on_load":
+            sys.stderr.write(f"fake agent: exiting in session/load of {session_id}\n")
+            sys.stderr.flush()
+            os._exit(LOAD_EXIT_CODE)
+        if self.behaviour == "hang_on_load":
+            await asyncio.Event().wait()  # never answered
         self.mcp_servers[session_id] = _plain_servers(mcp_servers)
         state = self._restore(session_id)
         if state is None:
@@ -323,6 +349,8 @@ class FakeAgent:
             if self.behaviour == "silent_load":
                 return PromptResponse(stop_reason="refusal")
             raise RequestError.resource_not_found(session_id)
+        if "".join(getattr(block, "text", "") for block in prompt).strip().endswith("refuse this"):
+            return PromptResponse(stop_reason="refusal")
         if self.behaviour == "reject_concurrent" and state.busy:
             raise RequestError(-32600, "a prompt is already running for this session")
         async with state.lock:
@@ -337,6 +365,8 @@ class FakeAgent:
                 state.busy = False
             state.history.append({"user": text, "agent": reply})
             self._persist(state)
+            if text.strip().endswith("forget me"):
+                self.sessions.pop(session_id, None)
             return {"stopReason": stop}
 
     # ------------------------------------------------------------------ turns
@@ -722,6 +752,22 @@ class McpClient:
             await process.wait()
 
 
+def _announce_start(unknown_args: list[str]) -> None:
+    """``FAKE_ACP_STARTED`` / ``FAKE_ACP_HOLD`` (see the module docstring)."""
+    started = os.environ.get("FAKE_ACP_STARTED")
+    if started:
+        try:
+            stdin_is_devnull = os.path.samestat(os.fstat(0), os.stat(os.devnull))
+        except OSError:
+            stdin_is_devnull = False
+        with open(started, "a", encoding="utf-8") as out:
+            out.write(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:], "stdinIsDevNull": stdin_is_devnull}) + "\n")
+    hold = os.environ.get("FAKE_ACP_HOLD")
+    if hold and "--version" in unknown_args:
+        with open(hold, "rb") as fifo:
+            fifo.read()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: ``python contrib/fake_acp_agents/agent.py --behaviour NAME``."""
     parser = argparse.ArgumentParser(prog="python contrib/fake_acp_agents/agent.py", description=__doc__.split("\n")[0])
@@ -733,7 +779,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--mcp-http", action="store_true", help="declare mcpCapabilities.http (else stdio MCP servers only)"
     )
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    _announce_start(unknown)
     agent = FakeAgent(args.behaviour, delay=args.delay, state_dir=args.state_dir, mcp_http=args.mcp_http)
     asyncio.run(run_agent(cast(Agent, agent), use_unstable_protocol=True))
 

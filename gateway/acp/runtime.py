@@ -24,8 +24,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -222,9 +224,22 @@ def binary_available(command: list[str], search_path: str | None = None) -> tupl
     return found is not None, found
 
 
-def probe_version(command: list[str], timeout: float = 5.0, env: dict[str, str] | None = None) -> str | None:
-    """`<binary> --version`, first line; None if it does not answer in time. ``env``: the
-    process's whole environment (default: the base agent environment)."""
+# First words of a command that are not the agent itself: `<word> --version` would report the
+# interpreter or launcher ("Python 3.11.7"), so such commands are never probed.
+NOT_THE_AGENT = re.compile(
+    r"^(python[\d.]*|pypy[\d.]*|node(js)?|deno|bun|bunx|sh|bash|dash|zsh|env|uv|uvx|npx|npm|pnpm|yarn|pipx|"
+    r"java|ruby|perl|php)(\.exe)?$"
+)
+# Seconds a version probe may take before it is killed (read at call time: tests may raise it).
+PROBE_TIMEOUT = 3.0
+
+
+def probe_version(command: list[str], timeout: float | None = None, env: dict[str, str] | None = None) -> str | None:
+    """`<binary> --version`, first line of its output; None if that has no digit, or the binary
+    fails or does not answer within ``timeout`` (default :data:`PROBE_TIMEOUT`). Runs with stdin closed (an agent
+    that ignores `--version` and waits for ACP on stdin gets end-of-file at once) in its own
+    process group, killed whole on timeout. ``env``: the process's whole environment (default:
+    the base agent environment). Blocking: call it off the event loop."""
     import subprocess
 
     env = agent_environment() if env is None else env
@@ -232,18 +247,75 @@ def probe_version(command: list[str], timeout: float = 5.0, env: dict[str, str] 
     if not available or path is None:
         return None
     try:
-        done = subprocess.run(
+        process = subprocess.Popen(
             [path, "--version"],
-            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
-            check=False,
             env=env,
+            start_new_session=True,
         )
-    except (OSError, subprocess.TimeoutExpired):
+    except OSError:
         return None
-    lines = (done.stdout or done.stderr).strip().splitlines()
-    return lines[0].strip() if lines else None
+    try:
+        stdout, stderr = process.communicate(timeout=PROBE_TIMEOUT if timeout is None else timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=1.0)
+        return None
+    finally:
+        with contextlib.suppress(OSError):  # a child of the binary that outlived it
+            os.killpg(process.pid, signal.SIGKILL)
+    if process.returncode != 0:
+        return None
+    lines = (stdout or stderr or "").strip().splitlines()
+    first = lines[0].strip()[:200] if lines else ""
+    # A version has a digit; anything else is the agent saying something else (a log line, a usage).
+    return first if re.search(r"\d", first) else None
+
+
+def probes_itself(command: list[str]) -> bool:
+    """Whether `<first word> --version` asks the agent, not an interpreter or launcher."""
+    return bool(command) and not NOT_THE_AGENT.match(os.path.basename(command[0]).lower())
+
+
+class VersionProbes:
+    """Version probes run in a background thread, at most once per binary (the result, even
+    None, is kept for the process's lifetime): a descriptor never waits on an agent process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._results: dict[str, str | None] = {}
+        self._started: set[str] = set()
+
+    def version(self, binary: str, command: list[str], env: dict[str, str]) -> tuple[bool, str | None]:
+        """(probed, version): the answer when the probe has ended; else starts it (once)."""
+        with self._lock:
+            if binary in self._results:
+                return True, self._results[binary]
+            if binary in self._started:
+                return False, None
+            self._started.add(binary)
+        thread = threading.Thread(
+            target=self._run, args=(binary, [binary, *command[1:]], env), name="agent-version-probe", daemon=True
+        )
+        thread.start()
+        return False, None
+
+    def _run(self, binary: str, command: list[str], env: dict[str, str]) -> None:
+        try:
+            version = probe_version(command, env=env)
+        except Exception:  # a probe must never take anything down
+            log.exception("version probe of %s failed", binary)
+            version = None
+        with self._lock:
+            self._results[binary] = version
+
+
+VERSION_PROBES = VersionProbes()
 
 
 class AcpRuntime:
@@ -260,27 +332,45 @@ class AcpRuntime:
         self._bindings: dict[tuple[str, str, str], Binding] = {}
         self._start_lock = asyncio.Lock()
         self.initialize_result: dict[str, Any] | None = None
+        # The agent's `initialize` `agentInfo` ({name, title, version}) once a process has started.
+        self.agent_info: dict[str, Any] | None = None
 
     # -- descriptor ---------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         environment = self._environment()
         available, path = binary_available(self.spec.command, environment.get("PATH"))
-        if available and self.spec.version is None:
-            self.spec.version = probe_version(self.spec.command, env=environment)
+        version, version_source = self._version(available, path, environment)
+        availability: dict[str, Any] = {
+            "available": available,
+            "binaryFound": available,
+            "binary": path,
+            "command": self.spec.command[:1],
+            "version": version,
+            "versionSource": version_source,
+            "reason": None if available else f"{self.spec.command[0] if self.spec.command else '?'} not found",
+        }
+        if self.agent_info:
+            availability["agentInfo"] = dict(self.agent_info)
         return {
             "capabilities": list(self.spec.capabilities),
-            "availability": {
-                "available": available,
-                "binaryFound": available,
-                "binary": path,
-                "command": self.spec.command[:1],
-                "version": self.spec.version,
-                "reason": None if available else f"{self.spec.command[0] if self.spec.command else '?'} not found",
-            },
+            "availability": availability,
             "fields": list(self.spec.fields),
             "toolAccess": True,
             "liveBindings": len(self._bindings),
         }
+
+    def _version(self, available: bool, path: str | None, environment: dict[str, str]) -> tuple[str | None, str | None]:
+        """(version, where it came from): the agent's own `initialize` answer (`agentInfo`), else
+        the plugin's, else a background `--version` probe of the agent binary (never of an
+        interpreter; never waited for: None until it has answered)."""
+        if self.agent_info and self.agent_info.get("version"):
+            return str(self.agent_info["version"]), "initialize"
+        if self.spec.version is not None:
+            return self.spec.version, "plugin"
+        if not available or path is None or not probes_itself(self.spec.command):
+            return None, None
+        probed, version = VERSION_PROBES.version(path, self.spec.command, environment)
+        return (version, "probe") if probed and version else (None, None)
 
     def live_bindings(self) -> int:
         return sum(1 for b in self._bindings.values() if b.alive)
@@ -337,9 +427,9 @@ class AcpRuntime:
         policy = self.policy
         policy.load_session = bool(caps.get("loadSession", False))
         policy.mcp_http = bool(mcp.get("http", False))
-        agent_info = result.get("agentInfo") or {}
-        if agent_info.get("version"):
-            self.spec.version = str(agent_info["version"])
+        agent_info = result.get("agentInfo")
+        if isinstance(agent_info, dict):
+            self.agent_info = {k: agent_info[k] for k in ("name", "title", "version") if agent_info.get(k) is not None}
         policy.extra["negotiated"] = True
         if plugins is not None:
             plugins.negotiate_runtime_policy(self.agent_id, policy, result)
@@ -408,18 +498,61 @@ class AcpRuntime:
         try:
             return await self._attach_session(binding, turn, key)
         except BaseException:
-            await self._close_binding(binding, "could not open an agent session")
+            # turn.binding: the load may have replaced the process the binding started with.
+            await self._close_binding(turn.binding, "could not open an agent session")
             raise
+
+    async def _respawn(self, key: BindingKey, turn: Turn) -> Binding:
+        """A new process for this binding key (the old one is closed), bound to the turn."""
+        async with self._start_lock:
+            binding = await self._spawn(key, turn)
+            binding.busy = True
+            self._bindings[key.owner] = binding
+        turn.binding = binding
+        return binding
+
+    async def _forget_agent_session(self, turn: Turn) -> None:
+        """Drop the stored agent session id, so no later turn tries it again."""
+        if "agentSessionId" in turn.state or "bindingKey" in turn.state:
+            await turn.save_state({k: v for k, v in turn.state.items() if k not in ("agentSessionId", "bindingKey")})
 
     async def _attach_session(self, binding: Binding, turn: Turn, key: BindingKey) -> SessionPlan:
         stored = turn.state.get("agentSessionId")
         same_key = turn.state.get("bindingKey") == key.digest()
-        if stored and same_key and self.policy.load_session:
-            replay = await self._try_load(binding, turn, str(stored))
+        load_attempted = bool(stored and same_key and self.policy.load_session)
+        fallback: dict[str, str] | None = None
+        if load_attempted:
+            replay, fallback = await self._try_load(binding, turn, str(stored))
             if replay is not None:
                 binding.agent_session_id = str(stored)
                 summary = await self._journal_replay(turn, replay)
                 return SessionPlan("loaded", detail={"agentSessionId": stored, "replay": summary})
+            assert fallback is not None
+            log.warning(
+                "%s: session/load of %s failed (%s): a new agent session takes over",
+                self.agent_id,
+                stored,
+                fallback["message"],
+            )
+            # Whatever comes next, this load is never tried again ...
+            await self._forget_agent_session(turn)
+            # ... and a process that died or hung in it is replaced before the new session.
+            if fallback["reason"] in ("exited", "timeout") or not binding.alive:
+                await self._close_binding(binding, fallback["message"])
+                binding = await self._respawn(key, turn)
+        return await self._new_agent_session(binding, turn, key, stored, load_attempted, fallback)
+
+    async def _new_agent_session(
+        self,
+        binding: Binding,
+        turn: Turn,
+        key: BindingKey,
+        previous: Any,
+        load_attempted: bool,
+        fallback: dict[str, str] | None,
+    ) -> SessionPlan:
+        """`session/new` on the binding's process, seeded with the cold-resume packet when the
+        gateway session has earlier turns. ``fallback``: why an earlier agent session was dropped."""
         raw = await binding.process.new_session_raw(
             binding.cwd, self._mcp_servers(turn), timeout=self.spec.session_timeout
         )
@@ -429,28 +562,39 @@ class AcpRuntime:
         await turn.save_state({"agentSessionId": binding.agent_session_id, "bindingKey": key.digest()})
         packet = cold_resume_packet(turn.history)
         detail: dict[str, Any] = {"agentSessionId": binding.agent_session_id}
-        if stored:
-            detail["previousAgentSessionId"] = stored
-            detail["loadAttempted"] = bool(same_key and self.policy.load_session)
+        if previous:
+            detail["previousAgentSessionId"] = previous
+            detail["loadAttempted"] = load_attempted
+        if fallback is not None:
+            detail["fallback"] = fallback
         if packet:
             return SessionPlan("cold_resumed", packet, detail=detail)
         warning = SHORT_REPLY_WARNING if is_bare_short_reply(turn.message) and not has_context(turn.context) else None
         return SessionPlan("new_session", [], warning, detail)
 
-    async def _try_load(self, binding: Binding, turn: Turn, session_id: str) -> list[dict[str, Any]] | None:
-        """`session/load`; the replayed updates, or None when there is no evidence of continuity."""
+    async def _try_load(
+        self, binding: Binding, turn: Turn, session_id: str
+    ) -> tuple[list[dict[str, Any]] | None, dict[str, str] | None]:
+        """`session/load`: (the replayed updates, None), or (None, why it is not believed:
+        ``{"reason": "error" | "exited" | "timeout" | "no_replay", "message"}``)."""
         binding.replay = []
         try:
             await binding.process.load_session(
                 session_id, binding.cwd, self._mcp_servers(turn), timeout=self.spec.session_timeout
             )
         except AcpRemoteError as exc:
-            log.info("%s could not load session %s: %s", self.agent_id, session_id, exc)
-            return None
+            return None, {"reason": "error", "message": f"session/load answered error {exc.code}: {exc.message}"}
+        except AcpProcessExited as exc:
+            return None, {"reason": "exited", "message": f"the agent process {_exit_text(exc)} during session/load"}
+        except AcpTimeout:
+            timeout = self.spec.session_timeout
+            return None, {"reason": "timeout", "message": f"session/load got no answer within {timeout:g} s"}
         finally:
             replay, binding.replay = binding.replay, None
-        has_history = any(u.get("sessionUpdate") in ("user_message_chunk", "agent_message_chunk") for u in replay)
-        return replay if has_history else None
+        if not any(u.get("sessionUpdate") in ("user_message_chunk", "agent_message_chunk") for u in replay):
+            why = "session/load replayed no conversation: no evidence the agent still has the session"
+            return None, {"reason": "no_replay", "message": why}
+        return replay, None
 
     async def _journal_replay(self, turn: Turn, replay: list[dict[str, Any]]) -> dict[str, int]:
         """Journal replayed messages the gateway does not already hold, as `adapter_replay`."""
@@ -518,6 +662,50 @@ class AcpRuntime:
 
     # -- turns ----------------------------------------------------------------------------------
     async def run_turn(self, turn: Turn) -> TurnOutcome:
+        outcome = await self._prompt_turn(turn)
+        if self._session_forgotten(turn, outcome):
+            await self._reopen_session(turn)
+            outcome = await self._prompt_turn(turn)
+        if outcome.status == "completed" or turn.assistant_text:
+            await turn.emit("message.completed", {"text": turn.assistant_text})
+        return outcome
+
+    def _session_forgotten(self, turn: Turn, outcome: TurnOutcome) -> bool:
+        """A `refusal` with no output on an agent session the gateway reused (live or loaded):
+        the agent no longer knows it (an agent answers so for a session it forgot)."""
+        return (
+            outcome.detail.get("stopReason") == "refusal"
+            and turn.plan.mode in ("native_live", "loaded")
+            and not turn.assistant_text
+            and not turn.cancel_requested.is_set()
+        )
+
+    async def _reopen_session(self, turn: Turn) -> None:
+        """Drop the binding whose session the agent refused, forget the session id and give the
+        turn a new agent session on a new process (with the cold-resume packet), saying why."""
+        binding: Binding = turn.binding
+        previous = binding.agent_session_id
+        fallback = {
+            "reason": "refusal",
+            "message": f"the agent refused the prompt on its session {previous} (stopReason refusal)",
+        }
+        log.warning("%s: %s: a new agent session takes over", self.agent_id, fallback["message"])
+        await self._close_binding(binding, fallback["message"])
+        await self._forget_agent_session(turn)
+        key = self.binding_key(turn)
+        binding = await self._respawn(key, turn)
+        try:
+            plan = await self._new_agent_session(binding, turn, key, previous, False, fallback)
+        except BaseException:
+            await self._close_binding(binding, "could not open an agent session")
+            raise
+        turn.plan = plan
+        await turn.set_session_mode(plan.mode, plan.detail)
+        if plan.warning:
+            await turn.emit("context.warning", {"message": plan.warning})
+
+    async def _prompt_turn(self, turn: Turn) -> TurnOutcome:
+        """One prompt on the turn's agent session (bound first when no strategy did)."""
         binding: Binding | None = turn.binding
         if binding is None:  # no strategy ran (a plugin replaced it): bind now
             plan = await self.bind(turn)
@@ -562,20 +750,15 @@ class AcpRuntime:
             await self._close_binding(binding, f"the prompt failed: {error}")
         elif binding.alive:
             self._schedule_eviction(binding)
-        if outcome.status == "completed" or turn.assistant_text:
-            await turn.emit("message.completed", {"text": turn.assistant_text})
         return outcome
 
     def _outcome(self, prompt: asyncio.Future[dict[str, Any]], turn: Turn) -> TurnOutcome:
         error = prompt.exception() if not prompt.cancelled() else None
         if isinstance(error, AcpProcessExited):
             tail = (error.stderr_tail or "").strip()[-2000:]
-            how = f"exited with code {error.returncode}"
-            if error.returncode is not None and error.returncode < 0:
-                how += f" (killed by signal {_signal_name(-error.returncode)})"
             return TurnOutcome(
                 "failed",
-                f"the agent process {how}" + (f"; stderr: {tail}" if tail else ""),
+                f"the agent process {_exit_text(error)}" + (f"; stderr: {tail}" if tail else ""),
                 {"exitCode": error.returncode},
             )
         if isinstance(error, AcpRemoteError):
@@ -671,6 +854,13 @@ class AcpSessionStrategy:
 
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         return await runtime.bind(turn)
+
+
+def _exit_text(error: AcpProcessExited) -> str:
+    how = f"exited with code {error.returncode}"
+    if error.returncode is not None and error.returncode < 0:
+        how += f" (killed by signal {_signal_name(-error.returncode)})"
+    return how
 
 
 def _signal_name(number: int) -> str:
