@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
 import peewee
@@ -270,25 +270,23 @@ _Result = TypeVar("_Result")
 
 
 def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
-    """Run a storage method; if it failed because the connection is gone, open a fresh one and
-    run it once more (every method is idempotent). A second loss, or a connection that cannot be
-    opened at all, raises StorageUnavailable. Other errors pass through untouched."""
+    """Run a storage method; if it failed because the server dropped the connection, open a fresh
+    one and run it once more (every method is idempotent). A connection that cannot be opened, or
+    a second drop, raises StorageUnavailable. Other errors pass through untouched."""
 
     @functools.wraps(method)
     def wrapper(self: PeeweeStorage, *args: Any, **kwargs: Any) -> _Result:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            if not self._connection_lost(exc):
-                raise
-            self._forget_connection(exc)
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            if not self._connection_lost(exc):
-                raise
-            self._forget_connection(exc)
-            raise StorageUnavailable(f"{redact_url(self.url)}: {exc}".strip()) from exc
+        for attempt in (1, 2):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                state = self._connection_state(exc)
+                if state == "usable":
+                    raise
+                self._forget_connection(exc, dropped=state == "dropped")
+                if state == "unreachable" or attempt == 2:
+                    raise StorageUnavailable(f"{redact_url(self.url)}: {exc}".strip()) from exc
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     return wrapper
 
@@ -345,7 +343,7 @@ class PeeweeStorage:
         self._sqlite_insert_sql: dict[int, str] = {}
         self._opened = False
         self._open_lock = threading.Lock()
-        # Connections found dropped by the server and replaced (observable in tests and reprs).
+        # Connections found dropped by the server (and replaced by fresh ones).
         self.connections_lost = 0
         self._lost_lock = threading.Lock()
 
@@ -357,22 +355,23 @@ class PeeweeStorage:
             return f'"{self.schema}"."{table}"'
         return f'"{table}"'
 
-    def _connection_lost(self, exc: Exception) -> bool:
-        """After an error outside any transaction: is this thread's connection unusable (it could
-        not be opened, or the server closed it)? psycopg2 and psycopg mark a connection they saw
-        break as ``closed``; an error on a healthy connection (a conflict, a bad argument) leaves
-        it open."""
+    def _connection_state(self, exc: Exception) -> Literal["usable", "dropped", "unreachable"]:
+        """This thread's connection after an error outside any transaction: ``unreachable`` (it
+        could not be opened), ``dropped`` (the server closed it: psycopg2 and psycopg mark a
+        connection they saw break as ``closed``), or ``usable`` (a conflict, a bad argument)."""
         if self.database.in_transaction():
-            return False  # the outermost call decides, once the transaction is unwound
+            return "usable"  # the outermost call decides, once the transaction is unwound
         if self.database.is_closed():
-            return isinstance(exc, peewee.PeeweeException)  # connecting failed (peewee wraps it)
-        return bool(getattr(self.database._state.conn, "closed", False))
+            # Connecting failed (peewee wraps the driver's error), or the error came first.
+            return "unreachable" if isinstance(exc, peewee.PeeweeException) else "usable"
+        return "dropped" if getattr(self.database._state.conn, "closed", False) else "usable"
 
-    def _forget_connection(self, exc: BaseException) -> None:
-        if not self.database.is_closed():
+    def _forget_connection(self, exc: Exception, *, dropped: bool) -> None:
+        if dropped:
             with self._lost_lock:
                 self.connections_lost += 1
-            log.warning("storage connection lost (%s); reconnecting", str(exc).strip().splitlines()[0])
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("storage connection dropped by the server (%s); reconnecting", reason)
         self.database.discard_connection()  # type: ignore[attr-defined]
 
     @contextmanager
