@@ -65,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "write_file_atomically": "agent_gateway.paths",
     "now_ms": "agent_gateway.models",
     "RequestConflict": "agent_gateway.storage",
+    "StorageUnavailable": "agent_gateway.storage",
     "read_json": "agent_gateway.errors",
 }
 
@@ -115,6 +116,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "write_file_atomically",
     "now_ms",
     "RequestConflict",
+    "StorageUnavailable",
     "read_json",
 ]
 
@@ -147,7 +149,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         is_bare_short_reply,
         prompt_text,
     )
-    from agent_gateway.storage import RequestConflict, Storage
+    from agent_gateway.storage import RequestConflict, Storage, StorageUnavailable
     from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError, validate_schema
 
 

@@ -1,4 +1,5 @@
-"""JSON errors: every refusal is `{"error": {"code", "message", ...}}` with a 4xx status."""
+"""JSON errors: every refusal is `{"error": {"code", "message", ...}}` with a 4xx status (503
+`storage_unavailable` while the database is unreachable)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from agent_gateway.storage import StorageUnavailable
+
 log = logging.getLogger("agent_gateway.http")
+# Seconds a client is told to wait (Retry-After) when the database is unreachable.
+STORAGE_RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -46,6 +51,11 @@ async def json_errors(
         return await handler(request)
     except ApiError as exc:
         return error_response(exc.status, exc.code, str(exc), **exc.extra)
+    except StorageUnavailable as exc:  # the database is down: say so, without a traceback per request
+        log.warning("storage unavailable on %s %s: %s", request.method, request.path, exc)
+        response = error_response(503, "storage_unavailable", "the gateway's database is unreachable; retry later")
+        response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

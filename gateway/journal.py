@@ -294,6 +294,7 @@ class Journal:
     # -- group commit -------------------------------------------------------------------------------
     async def _write_loop(self) -> None:
         backoff = 0.05
+        failures = 0  # failed attempts in a row: events stay spooled and queued meanwhile
         while True:
             await self._queue_ready.wait()
             if not self._queue:
@@ -310,12 +311,19 @@ class Journal:
             batch = list(chain.from_iterable(taken))
             try:
                 await self._in_writer(self.storage.append_events, batch)
-            except Exception:
+            except Exception as exc:
                 self.commit_errors += 1
-                log.exception("journal commit of %d events failed; retrying", count)
+                failures += 1
+                if failures == 1:
+                    log.exception("journal commit of %d events failed; they stay spooled; retrying", count)
+                elif failures & (failures - 1) == 0:  # a line at 2, 4, 8, ... attempts, not one per retry
+                    log.warning("journal commit failing (%d attempts, %d events wait): %s", failures, self._queued, exc)
                 await asyncio.sleep(backoff)  # retry pacing while storage is down, not synchronisation
                 backoff = min(backoff * 2, 2.0)
                 continue
+            if failures:
+                log.info("journal commits resumed after %d failed attempts", failures)
+                failures = 0
             backoff = 0.05
             self.batches += 1
             # The taken batches are the queue's head (only this loop pops) and each run's pending head.

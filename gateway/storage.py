@@ -1,6 +1,12 @@
 """The storage contract. A storage plugin returns an object with these methods from the
 `storage_backend` hook; the core calls them from worker threads (never on the event loop), so a
 backend may block. Every method must be safe to call from more than one thread.
+
+When the database cannot be reached, a method raises :class:`StorageUnavailable`: the gateway
+answers such a request 503 ``storage_unavailable``, the journal keeps events spooled and retries
+its commit, and ``/v1/health`` (readiness) reports storage as down. A backend that loses a
+connection it already had should open a fresh one and retry the statement where that is safe
+before giving up (the built-in peewee journal does, for every method).
 """
 
 from __future__ import annotations
@@ -19,11 +25,21 @@ class RequestConflict(Exception):
         self.existing = existing
 
 
+class StorageUnavailable(Exception):
+    """The database cannot be reached (a lost connection could not be re-opened). The message is
+    for the gateway's log; clients get a generic 503 ``storage_unavailable``."""
+
+
 class Storage(Protocol):
     def open(self) -> None:
         """Connect and create missing tables. Called once at start-up."""
 
     def close(self) -> None: ...
+
+    def ping(self) -> None:
+        """Check the database answers (re-opening a lost connection); raise StorageUnavailable if
+        it does not. Used by the readiness answer of `/v1/health`; a backend without `ping` is
+        taken as always up."""
 
     # -- runs -------------------------------------------------------------------------------
     def insert_run(self, run: Run) -> None:

@@ -22,7 +22,7 @@ import agent_gateway.plugins.journal_peewee as journal_plugin
 from agent_gateway import hookspecs
 from agent_gateway.models import Event, Run
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
-from agent_gateway.storage import RequestConflict, Storage
+from agent_gateway.storage import RequestConflict, Storage, StorageUnavailable
 
 POSTGRES_URL = os.environ.get("AG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BACKENDS = ("sqlite", "postgresql")
@@ -524,3 +524,122 @@ def test_storage_backend_hook(tmp_path: Path) -> None:
     # the built-in is trylast, so a later third-party plugin wins
     assert pm.hook.storage_backend(url=url, config=None) is sentinel
     assert isinstance(pm.hook.storage_backend(url="postgresql://u@h/db", config=None), PeeweeStorage)
+
+
+# -- a database that goes away (connections dropped, server unreachable) ----------------------------
+
+
+def test_retried_writes_are_idempotent(storage: PeeweeStorage) -> None:
+    """What a write retried after its commit went through does: nothing more."""
+    run = make_run(1)
+    storage.insert_run(run)
+    storage.insert_run(run)  # the run found stored by itself: success, not a conflict
+    assert storage.list_runs() == [run]
+    with pytest.raises(RequestConflict):
+        storage.insert_run(make_run(2, request_id=run.request_id))
+    receipt = {"hostRunId": "run-1", "actorId": "alice", "createdAt": 7, "receiptId": "rcpt_1"}
+    storage.insert_receipt(receipt)
+    storage.insert_receipt(receipt)
+    storage.insert_receipt({**receipt, "receiptId": "rcpt_2"})
+    assert storage.list_receipts("run-1") == [receipt, {**receipt, "receiptId": "rcpt_2"}]
+    events = make_events("run-1", range(1, 6))
+    storage.append_events(events)
+    storage.append_events(events)
+    assert [e.seq for e in storage.read_events("run-1")] == [1, 2, 3, 4, 5]
+
+
+def _terminate(admin: Any, application_name: str) -> int:
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            (application_name,),
+        )
+        return int(cur.fetchone()[0])
+
+
+def test_postgresql_reopens_connections_the_server_dropped(pg_admin: Any, pg_schema: str) -> None:
+    name = f"ag_test_{uuid.uuid4().hex[:8]}"
+    storage = PeeweeStorage(f"{POSTGRES_URL}?application_name={name}", schema=pg_schema)
+    storage.open()
+    try:
+        storage.insert_run(make_run(1))
+        storage.append_events(make_events("run-1", range(1, 4)))
+        calls: list[Callable[[], Any]] = [
+            storage.ping,
+            lambda: storage.get_run("run-1"),
+            lambda: storage.read_events("run-1"),
+            lambda: storage.append_events(make_events("run-1", range(3, 7))),
+            lambda: storage.insert_run(make_run(2)),
+            lambda: storage.update_run("run-1", status="completed"),
+            lambda: storage.put_session("alice", "s-1", {"turns": []}),
+            lambda: storage.put_preferences("alice", {"ai.common.defaultAgent": "chat-only"}),
+            lambda: storage.insert_receipt({"hostRunId": "run-1", "actorId": "alice", "createdAt": 1}),
+            lambda: storage.list_runs(statuses=["completed"]),
+        ]
+        for number, call in enumerate(calls, start=1):
+            assert _terminate(pg_admin, name) == 1  # this thread's one connection
+            call()  # answered on a fresh connection
+            assert storage.connections_lost == number
+        assert storage.get_run("run-1").status == "completed"  # type: ignore[union-attr]
+        assert [e.seq for e in storage.read_events("run-1")] == [1, 2, 3, 4, 5, 6]
+        assert len(storage.list_receipts("run-1")) == 1
+        assert storage.get_session("alice", "s-1") == {"turns": []}
+    finally:
+        storage.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_postgresql_unreachable_raises_storage_unavailable() -> None:
+    storage = PeeweeStorage(f"postgresql://postgres@127.0.0.1:{_free_port()}/test")
+    for call in (storage.ping, lambda: storage.get_run("run-1"), lambda: storage.append_events(make_events("r", [1]))):
+        with pytest.raises(StorageUnavailable):
+            call()
+    with pytest.raises(ValueError, match="not updatable"):  # a caller's mistake stays one
+        storage.update_run("run-1", colour="red")
+    assert storage.connections_lost == 0  # none was ever open
+    storage.close()
+
+
+def test_sqlite_file_that_cannot_be_opened_raises_storage_unavailable(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.db"
+    storage = PeeweeStorage(f"sqlite:///{path}")
+    storage.open()
+    storage.insert_run(make_run(1))
+
+    def in_new_thread(call: Callable[[], Any]) -> Any:
+        """Run `call` on a thread of its own: its own (new) connection, like a storage worker's."""
+        outcome: list[Any] = []
+
+        def target() -> None:
+            try:
+                outcome.append(call())
+            except Exception as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+        return outcome[0]
+
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    try:
+        for file in tmp_path.glob("gateway.db*"):
+            file.rename(aside / file.name)
+        path.mkdir()  # a directory where the database file was: it cannot be opened
+        assert isinstance(in_new_thread(storage.ping), StorageUnavailable)
+        assert isinstance(in_new_thread(lambda: storage.get_run("run-1")), StorageUnavailable)
+    finally:
+        path.rmdir()
+        for file in aside.iterdir():
+            file.rename(tmp_path / file.name)
+    assert in_new_thread(lambda: storage.get_run("run-1")) == make_run(1)
+    storage.close()

@@ -12,28 +12,39 @@ URLs (the query string becomes driver connect arguments, as in ``playhouse.db_ur
   the tables in their own schema (created by ``open()``), or ``?options=-c%20search_path%3Dname``.
 
 Connections are per thread (peewee's thread-local connection state): the core calls the storage
-from worker threads. The hot path, :meth:`PeeweeStorage.append_events`, bypasses the query builder
+from worker threads. A connection the server dropped (a restart, a failover,
+``pg_terminate_backend``) is thrown away and the call retried once on a fresh one: every method
+is idempotent (events skip a stored (host_run_id, seq), a run whose insert did commit is taken as
+inserted, receipts are stored once). When no connection can be opened the call raises
+``StorageUnavailable``. PostgreSQL connections time out after ``connect_timeout`` seconds (5 unless
+the URL says otherwise), so an unreachable server is reported instead of waited on.
+
+The hot path, :meth:`PeeweeStorage.append_events`, bypasses the query builder
 and feeds the connection's cursor directly (SQLite: multi-row ``INSERT ... VALUES`` of up to 512
 rows each; psycopg2 ``execute_values``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import re
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self, TypeVar
 from urllib.parse import urlsplit
 
 import peewee
 from peewee import __exception_wrapper__ as _wrap_db_errors  # type: ignore[attr-defined]
 from playhouse import db_url
 
-from agent_gateway import Event, RequestConflict, Run, now_ms
+from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
+
+log = logging.getLogger("agent_gateway.storage")
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})
@@ -41,6 +52,8 @@ SUPPORTED_SCHEMES = SQLITE_SCHEMES | POSTGRES_SCHEMES
 
 DEFAULT_TABLE_PREFIX = "ag_"
 DEFAULT_BUSY_TIMEOUT_MS = 15_000
+# Seconds a PostgreSQL connect may take (unless the URL sets connect_timeout).
+DEFAULT_CONNECT_TIMEOUT_S = 5
 # Rows per statement for the PostgreSQL multi-row VALUES insert.
 PG_PAGE_SIZE = 1_000
 # Rows per SQLite INSERT: 6 values each, 3,072 parameters (SQLite allows 32,766).
@@ -111,6 +124,18 @@ class _ConnectionRegistry:
         with self._open_conns_lock:
             self._open_conns = [(owner, other) for owner, other in self._open_conns if other is not conn]
         super()._close(conn)  # type: ignore[misc]
+
+    def discard_connection(self) -> None:
+        """Forget this thread's connection (the server dropped it): peewee would otherwise keep
+        handing out the dead one. The next statement opens a fresh connection (autoconnect)."""
+        state = self._state  # type: ignore[attr-defined]
+        conn = state.conn
+        with self._open_conns_lock:
+            self._open_conns = [(owner, other) for owner, other in self._open_conns if other is not conn]
+        state.reset()
+        if conn is not None:
+            with suppress(Exception):
+                conn.close()
 
     def open_connection_count(self) -> int:
         with self._open_conns_lock:
@@ -239,6 +264,33 @@ def build_models(database: peewee.Database, prefix: str, schema: str | None) -> 
     return Models(RunRow, EventRow, SessionRow, PreferenceRow, ReceiptRow)
 
 
+# -- re-opening lost connections -------------------------------------------------------------------
+
+_Result = TypeVar("_Result")
+
+
+def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
+    """Run a storage method; if it failed because the server dropped the connection, open a fresh
+    one and run it once more (every method is idempotent). A connection that cannot be opened, or
+    a second drop, raises StorageUnavailable. Other errors pass through untouched."""
+
+    @functools.wraps(method)
+    def wrapper(self: PeeweeStorage, *args: Any, **kwargs: Any) -> _Result:
+        for attempt in (1, 2):
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as exc:
+                state = self._connection_state(exc)
+                if state == "usable":
+                    raise
+                self._forget_connection(exc, dropped=state == "dropped")
+                if state == "unreachable" or attempt == 2:
+                    raise StorageUnavailable(f"{redact_url(self.url)}: {exc}".strip()) from exc
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+    return wrapper
+
+
 # -- the storage ------------------------------------------------------------------------------------
 
 
@@ -284,12 +336,16 @@ class PeeweeStorage:
             )
         else:
             self.path = None
+            connect_kwargs.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
             self.database = _PostgresqlDatabase(**connect_kwargs)
         self.models = build_models(self.database, self.table_prefix, self.schema)
         self._events_table = self._qualified(self.models.event._meta.table_name)
         self._sqlite_insert_sql: dict[int, str] = {}
         self._opened = False
         self._open_lock = threading.Lock()
+        # Connections found dropped by the server (and replaced by fresh ones).
+        self.connections_lost = 0
+        self._lost_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PeeweeStorage({redact_url(self.url)!r}, table_prefix={self.table_prefix!r}, schema={self.schema!r})"
@@ -298,6 +354,25 @@ class PeeweeStorage:
         if self.schema:
             return f'"{self.schema}"."{table}"'
         return f'"{table}"'
+
+    def _connection_state(self, exc: Exception) -> Literal["usable", "dropped", "unreachable"]:
+        """This thread's connection after an error outside any transaction: ``unreachable`` (it
+        could not be opened), ``dropped`` (the server closed it: psycopg2 and psycopg mark a
+        connection they saw break as ``closed``), or ``usable`` (a conflict, a bad argument)."""
+        if self.database.in_transaction():
+            return "usable"  # the outermost call decides, once the transaction is unwound
+        if self.database.is_closed():
+            # Connecting failed (peewee wraps the driver's error), or the error came first.
+            return "unreachable" if isinstance(exc, peewee.PeeweeException) else "usable"
+        return "dropped" if getattr(self.database._state.conn, "closed", False) else "usable"
+
+    def _forget_connection(self, exc: Exception, *, dropped: bool) -> None:
+        if dropped:
+            with self._lost_lock:
+                self.connections_lost += 1
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("storage connection dropped by the server (%s); reconnecting", reason)
+        self.database.discard_connection()  # type: ignore[attr-defined]
 
     @contextmanager
     def _write(self) -> Iterator[None]:
@@ -324,6 +399,11 @@ class PeeweeStorage:
                     self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 self.database.create_tables(self.models.all(), safe=True)
             self._opened = True
+
+    @_reconnecting
+    def ping(self) -> None:
+        """One round trip (``SELECT 1``); raises StorageUnavailable if the database is unreachable."""
+        self.database.execute_sql("SELECT 1").fetchone()
 
     def close(self) -> None:
         """Close every connection this storage opened, in every thread. Final: the storage is
@@ -352,9 +432,11 @@ class PeeweeStorage:
         values["request"] = json.loads(values["request"]) if values["request"] else {}
         return Run(**values)
 
+    @_reconnecting
     def insert_run(self, run: Run) -> None:
         """Insert a new run; raise RequestConflict(existing) if its idempotency key is taken.
-        A duplicate ``host_run_id`` with a free key raises ``peewee.IntegrityError``."""
+        A duplicate ``host_run_id`` with a free key raises ``peewee.IntegrityError``. Finding the
+        run itself stored (an insert retried after its commit went through) is success."""
         model = self.models.run
         try:
             with self._write():
@@ -363,8 +445,11 @@ class PeeweeStorage:
             existing = self.find_run_by_request(run.actor_id, run.session_id, run.workspace_id, run.request_id)
             if existing is None:
                 raise
+            if existing.host_run_id == run.host_run_id:
+                return
             raise RequestConflict(existing) from None
 
+    @_reconnecting
     def update_run(self, host_run_id: str, **fields: Any) -> None:
         """Update some Run fields by their snake_case names; ``request`` takes a dict. An unknown
         field (or ``host_run_id``) raises ValueError; an unknown run is a no-op."""
@@ -379,11 +464,13 @@ class PeeweeStorage:
         with self._write():
             model.update(**fields).where(model.host_run_id == host_run_id).execute()
 
+    @_reconnecting
     def get_run(self, host_run_id: str) -> Run | None:
         model = self.models.run
         row = model.select().where(model.host_run_id == host_run_id).dicts().first()
         return self._row_to_run(row) if row else None
 
+    @_reconnecting
     def find_run_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None:
         model = self.models.run
         row = (
@@ -399,6 +486,7 @@ class PeeweeStorage:
         )
         return self._row_to_run(row) if row else None
 
+    @_reconnecting
     def list_runs(
         self,
         *,
@@ -425,6 +513,7 @@ class PeeweeStorage:
         return [self._row_to_run(row) for row in query.dicts()]
 
     # -- events -------------------------------------------------------------------------------
+    @_reconnecting
     def append_events(self, events: Sequence[Event]) -> None:
         """Write a batch in one transaction; a (host_run_id, seq) already stored is skipped."""
         if not events:
@@ -506,6 +595,7 @@ class PeeweeStorage:
             .tuples()
         )
 
+    @_reconnecting
     def read_events(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """Events with seq > after_seq, in seq order, at most ``limit`` of them."""
         model = self.models.event
@@ -514,12 +604,14 @@ class PeeweeStorage:
             query = query.limit(limit)
         return [self._tuple_to_event(row) for row in query]
 
+    @_reconnecting
     def last_event(self, host_run_id: str) -> Event | None:
         model = self.models.event
         row = self._event_query(host_run_id).order_by(model.seq.desc()).limit(1).first()
         return self._tuple_to_event(row) if row else None
 
     # -- sessions -----------------------------------------------------------------------------
+    @_reconnecting
     def get_session(self, actor_id: str, session_id: str) -> dict[str, Any] | None:
         model = self.models.session
         row = (
@@ -530,6 +622,7 @@ class PeeweeStorage:
         )
         return json.loads(row[0]) if row else None
 
+    @_reconnecting
     def put_session(self, actor_id: str, session_id: str, record: dict[str, Any]) -> None:
         """Insert or replace the session record."""
         model = self.models.session
@@ -549,12 +642,14 @@ class PeeweeStorage:
             )
 
     # -- preferences --------------------------------------------------------------------------
+    @_reconnecting
     def get_preferences(self, actor_id: str) -> dict[str, Any]:
         """The actor's stored preferences; ``{}`` when none were stored."""
         model = self.models.preference
         row = model.select(model.values_json).where(model.actor_id == actor_id).tuples().first()
         return json.loads(row[0]) if row else {}
 
+    @_reconnecting
     def put_preferences(self, actor_id: str, values: dict[str, Any]) -> None:
         """Replace the actor's stored preferences with ``values``."""
         model = self.models.preference
@@ -566,9 +661,12 @@ class PeeweeStorage:
             )
 
     # -- receipts -----------------------------------------------------------------------------
+    @_reconnecting
     def insert_receipt(self, receipt: dict[str, Any]) -> None:
         """Store one tool receipt (kept whole as JSON). ``hostRunId`` and ``actorId`` are
-        required (ValueError); an integer ``createdAt`` (ms) is indexed, otherwise now."""
+        required (ValueError); an integer ``createdAt`` (ms) is indexed, otherwise now. A receipt
+        already stored (the same JSON for the run: an insert retried after its commit went
+        through) is not stored twice."""
         host_run_id = receipt.get("hostRunId")
         actor_id = receipt.get("actorId")
         if not host_run_id or not actor_id:
@@ -577,14 +675,21 @@ class PeeweeStorage:
         if not isinstance(created_at, int) or isinstance(created_at, bool):
             created_at = now_ms()
         model = self.models.receipt
-        with self._write():
-            model.insert(
-                host_run_id=str(host_run_id),
-                actor_id=str(actor_id),
-                created_at=created_at,
-                record=_dumps(receipt),
-            ).execute()
+        values = (str(host_run_id), str(actor_id), created_at, _dumps(receipt))
+        table, p = self._qualified(model._meta.table_name), self.database.param
+        with self._write(), _wrap_db_errors:
+            cursor = self.database.cursor()
+            try:
+                cursor.execute(
+                    f"INSERT INTO {table} (host_run_id, actor_id, created_at, record) "
+                    f"SELECT {p}, {p}, {p}, {p} "
+                    f"WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE host_run_id = {p} AND record = {p})",
+                    (*values, values[0], values[3]),
+                )
+            finally:
+                cursor.close()
 
+    @_reconnecting
     def list_receipts(self, host_run_id: str) -> list[dict[str, Any]]:
         """The run's receipts in insertion order."""
         model = self.models.receipt
