@@ -27,14 +27,20 @@ EXIT_BOUND = 5.0
 
 
 async def collect(
-    http: aiohttp.ClientSession, url: str, started: asyncio.Event, **headers: str
+    http: aiohttp.ClientSession, url: str, started: asyncio.Event, first_delta: asyncio.Event | None = None
 ) -> list[dict[str, Any]]:
     """Every event of the stream at `url` until the server ends it; `started` is set once the
-    response headers are in. A stream that is cut rather than ended raises."""
-    async with http.get(url, headers=headers) as response:
+    response headers are in, `first_delta` at the first `message.delta`. A stream that is cut
+    rather than ended raises."""
+    events = []
+    async with http.get(url) as response:
         assert response.status == 200, await response.text()
         started.set()
-        return [event async for event in sse_events(response)]
+        async for event in sse_events(response):
+            events.append(event)
+            if first_delta is not None and event["event"] == "message.delta":
+                first_delta.set()
+    return events
 
 
 async def start_run(http: aiohttp.ClientSession, url: str, request_id: str) -> str:
@@ -60,16 +66,13 @@ async def test_sigterm_ends_streams_interrupts_the_run_and_exits_promptly(tmp_pa
     try:
         async with serve(*args, env=env, cwd=tmp_path) as gw, aiohttp.ClientSession(timeout=timeout) as http:
             run_id = await start_run(http, gw.url, "r1")
-            run_open, workspace_open = asyncio.Event(), asyncio.Event()
-            run_client = asyncio.create_task(collect(http, f"{gw.url}/v1/runs/{run_id}/stream", run_open))
+            run_open, workspace_open, first_delta = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            run_client = asyncio.create_task(collect(http, f"{gw.url}/v1/runs/{run_id}/stream", run_open, first_delta))
             workspace_client = asyncio.create_task(collect(http, f"{gw.url}/v1/workspaces/w1/events", workspace_open))
-            async with asyncio.timeout(WAIT):
-                await run_open.wait()
-                await workspace_open.wait()
             # The run is under way (its first delta streamed through the hanging upstream) ...
             async with asyncio.timeout(WAIT):
-                while not fake.requests:
-                    await asyncio.sleep(0.01)  # poll, bounded by the timeout
+                await workspace_open.wait()
+                await first_delta.wait()
             (notes / "before.txt").write_text("seen before the restart")
 
             stopping_at = time.monotonic()
@@ -111,9 +114,6 @@ async def test_sigterm_ends_streams_interrupts_the_run_and_exits_promptly(tmp_pa
 
             last_seen = workspace_events[-1]["id"] if workspace_events else "0"
             await start_run(http, gw.url, "r2")  # the watcher watches a workspace while it has a run
-            async with asyncio.timeout(WAIT):
-                while len(fake.requests) < 2:
-                    await asyncio.sleep(0.01)  # poll, bounded by the timeout
             resumed: list[dict[str, Any]] = []
 
             async def resume_workspace() -> None:
@@ -154,12 +154,10 @@ async def test_a_run_that_finishes_within_the_grace_completes(tmp_path: Path) ->
             body = {"requestId": "r1", "agentId": "chat-only", "sessionId": "s1", "message": "hi"}
             async with http.post(f"{gw.url}/v1/runs", json=body) as response:
                 run_id = (await response.json())["hostRunId"]
-            opened = asyncio.Event()
-            client = asyncio.create_task(collect(http, f"{gw.url}/v1/runs/{run_id}/stream", opened))
+            opened, first_delta = asyncio.Event(), asyncio.Event()
+            client = asyncio.create_task(collect(http, f"{gw.url}/v1/runs/{run_id}/stream", opened, first_delta))
             async with asyncio.timeout(WAIT):
-                await opened.wait()
-                while not fake.requests:
-                    await asyncio.sleep(0.01)  # poll, bounded by the timeout
+                await first_delta.wait()  # the run is under way
             gw.proc.send_signal(signal.SIGTERM)
             events = await asyncio.wait_for(client, EXIT_BOUND + 4.0)
             assert await asyncio.wait_for(gw.proc.wait(), EXIT_BOUND + 4.0) == 0
