@@ -37,10 +37,6 @@ from agent_gateway.errors import error_response
 
 log = logging.getLogger("agent_gateway.http")
 
-# A request's callable, called when its client disconnects (a stream ends at once, instead of at
-# its next heartbeat: its connection stops counting against max_connections).
-ON_CONNECTION_LOST = "agent_gateway.on_connection_lost"
-
 # accept() failing for want of resources: wait and retry (the waiting clients stay in the backlog).
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_BACKOFF_FIRST = 0.05
@@ -72,6 +68,9 @@ class JsonErrorRequestHandler(RequestHandler):
     _limits = ConnectionLimits()
     _header_deadline: asyncio.TimerHandle | None = None
     _over_capacity = False
+    # Called when the client disconnects: a stream sets it to end at once, instead of at its next
+    # heartbeat (so its connection stops counting against max_connections).
+    on_connection_lost: Callable[[], None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         manager = self._manager
@@ -92,9 +91,8 @@ class JsonErrorRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_header_deadline()
-        request = self._current_request
         super().connection_lost(exc)
-        callback = request.get(ON_CONNECTION_LOST) if request is not None else None
+        callback, self.on_connection_lost = self.on_connection_lost, None
         if callback is not None:
             callback()
 

@@ -18,7 +18,7 @@ from aiohttp import hdrs, web
 from aiohttp_sse import EventSourceResponse
 
 from agent_gateway.bus import Bus
-from agent_gateway.http_server import ON_CONNECTION_LOST
+from agent_gateway.http_server import JsonErrorRequestHandler
 from agent_gateway.journal import Journal
 from agent_gateway.models import Event, sse_frames
 
@@ -142,7 +142,9 @@ class RunStream:
         self._sent = False  # something was written (so the response headers are out)
         self._finished = False  # a direct write delivered the terminal event
         self._stopping = False  # shutdown: write what is buffered, then end
-        request[ON_CONNECTION_LOST] = self.stop  # the client left: end now, not at the next heartbeat
+        self._protocol = request.protocol if isinstance(request.protocol, JsonErrorRequestHandler) else None
+        if self._protocol is not None:  # the client left: end now, not at the next heartbeat
+            self._protocol.on_connection_lost = self.stop
 
     def stop(self) -> None:
         """End the stream after writing what its buffer holds (the gateway is stopping)."""
@@ -191,6 +193,8 @@ class RunStream:
         """Stop the heartbeat and leave the bus (counting this subscription's merges)."""
         if self._beat_handle is not None:
             self._beat_handle.cancel()
+        if self._protocol is not None and self._protocol.on_connection_lost == self.stop:
+            self._protocol.on_connection_lost = None
         self._stats.merges += self._subscriber.merges
         self._bus.unsubscribe(self._subscriber)
         self._stats._closed(self)
