@@ -16,7 +16,7 @@ from agent_gateway.auth import actor_for_token
 from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
 from agent_gateway.config import Config, redact_url, section_specs_from_hook
-from agent_gateway.errors import ApiError, json_errors
+from agent_gateway.errors import ApiError, error_response, json_errors
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
 from agent_gateway.mcp import MCP_PATH
@@ -39,6 +39,7 @@ LOCAL_ACTOR = "local"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH})
 METRICS_PATH = "/metrics"
+STREAMS_CLOSE_SECONDS = 2.0  # at shutdown, for streams to write their last events and end
 
 
 class StartupError(Exception):
@@ -55,6 +56,10 @@ class Gateway:
         self.max_body_bytes = int(gw["max_body_bytes"])
         self.heartbeat = float(gw["heartbeat_seconds"])
         self.stream_capacity = int(gw["stream_buffer_events"])
+        self.stream_send_timeout = float(gw["stream_send_timeout_seconds"])
+        self.shutdown_grace = float(gw["shutdown_grace_seconds"])
+        self.shutting_down = False  # set by `drain`: new requests get 503
+        self._drained: asyncio.Future[None] | None = None
         self.tokens = config.tokens
         self.public_metrics = bool(config.section("auth")["public_metrics"])
         self.data_dir: Path = config.data_dir
@@ -179,7 +184,30 @@ class Gateway:
             log.warning("marked %d run(s) left active by a previous process as interrupted", interrupted)
         await self.plugins.startup(app)
 
+    async def drain(self, app: web.Application | None = None) -> None:
+        """The first step of stopping, before the server waits for request handlers: refuse new
+        requests (503), end the streams that have nothing left to wait for, give active runs
+        ``shutdown_grace_seconds`` to finish, interrupt the rest (their terminal events reach
+        their streams), then end every stream. Bounded by the grace plus a few seconds; runs once
+        (the launcher calls it on SIGTERM, aiohttp's on_shutdown again)."""
+        if self._drained is not None:
+            return await asyncio.shield(self._drained)
+        self._drained = asyncio.get_running_loop().create_future()
+        try:
+            self.shutting_down = True
+            active = {run.host_run_id for run in self.runs.active_runs()}
+            self.stream_stats.stop_all(keep=lambda topic: topic in active)
+            await self.runs.drain(self.shutdown_grace)
+            self.stream_stats.stop_all()  # each writes what it has buffered (a terminal event) first
+            if not await self.stream_stats.wait_closed(STREAMS_CLOSE_SECONDS):
+                log.warning(
+                    "%d stream(s) did not end in time; their connections are dropped", self.stream_stats.open_streams
+                )
+        finally:
+            self._drained.set_result(None)
+
     async def stop(self, app: web.Application) -> None:
+        await self.drain()
         await self.watcher.stop()
         await self.runs.shutdown()
         for runtime in self.runtimes.values():
@@ -203,6 +231,18 @@ GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
 
 def gateway_of(request: web.Request) -> Gateway:
     return request.app[GATEWAY_KEY]
+
+
+@web.middleware
+async def refuse_while_stopping(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """503 for a request that arrives once the gateway is stopping (storage and agents are about
+    to close under it), with Connection: close."""
+    if request.app[GATEWAY_KEY].shutting_down:
+        response = error_response(503, "shutting_down", "the gateway is shutting down; retry shortly")
+        response.headers["Retry-After"] = "1"
+        response.force_close()
+        return response
+    return await handler(request)
 
 
 @web.middleware
@@ -232,7 +272,8 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     gateway = Gateway(config, plugins)
     guard = guard_from_config(bool(config.tokens), config.section("gateway"))
     app = web.Application(
-        middlewares=[json_errors, guard.middleware, authenticate], client_max_size=gateway.max_body_bytes
+        middlewares=[json_errors, refuse_while_stopping, guard.middleware, authenticate],
+        client_max_size=gateway.max_body_bytes,
     )
     app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
@@ -248,5 +289,6 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     plugins.register_routes(plugin_routes)  # after the core's: a plugin cannot take a core path
     plugin_routes.close()
     app.on_startup.append(gateway.start)
+    app.on_shutdown.append(gateway.drain)
     app.on_cleanup.append(gateway.stop)
     return app

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from agent_gateway.app import GATEWAY_KEY, StartupError, create_app, is_loopback
 from agent_gateway.config import Config, ConfigError, redact_url, section_specs_from_hook
-from agent_gateway.http_server import GatewayRunner
+from agent_gateway.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
 from agent_gateway.logs import configure as configure_logging
 from agent_gateway.mcp.bridge import add_commands as add_mcp_commands
 from agent_gateway.plugin_host import PluginError, PluginHost
@@ -114,12 +114,15 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
     try:
         try:
             app = create_app(config, plugins)
-            starting = GatewayRunner(app, handle_signals=False)
+            limits = ConnectionLimits.from_config(gw)
+            starting = GatewayRunner(app, limits=limits, handle_signals=False)
             await starting.setup()  # opens storage: a failure here has nothing to clean up
             runner = starting
             tune_gc_for_serving()
             tls = _tls_context(gw["tls_cert"], gw["tls_key"])
-            site = web.TCPSite(runner, gw["host"], gw["port"], ssl_context=tls)
+            site = GuardedTCPSite(
+                runner, gw["host"], gw["port"], ssl_context=tls, ssl_handshake_timeout=limits.header_timeout
+            )
             await site.start()
         except (PluginError, StartupError) as exc:
             raise click.ClickException(str(exc)) from exc
@@ -148,6 +151,9 @@ async def _serve(config: Config, plugins: PluginHost, demo: bool) -> None:
             except (aiohttp.ClientError, OSError, KeyError, ValueError) as exc:  # keep serving
                 click.echo(f"demo run failed: {type(exc).__name__}: {exc}", err=True)
         await stop.wait()
+        # While still listening (new requests get 503): end streams, finish or interrupt runs.
+        # Then aiohttp's cleanup finds no handler left to wait for, and closes agents and storage.
+        await app[GATEWAY_KEY].drain()
     finally:
         if runner is not None:
             await runner.cleanup()

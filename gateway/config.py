@@ -47,6 +47,10 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
         "stream_buffer_events",
         "journal_batch_events",
         "max_active_runs_per_actor",
+        "header_timeout_seconds",
+        "idle_timeout_seconds",
+        "max_connections",
+        "stream_send_timeout_seconds",
     ):
         if section[key] <= 0:
             problems.append((key, "must be positive"))
@@ -62,6 +66,8 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     for name in ("tls_cert", "tls_key"):
         if section[name] and not Path(section[name]).expanduser().is_file():
             problems.append((name, f"file {section[name]} does not exist"))
+    if section["shutdown_grace_seconds"] < 0:
+        problems.append(("shutdown_grace_seconds", "must be 0 or more"))
     public_url = section["public_url"]
     if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
         problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
@@ -113,6 +119,11 @@ CORE_SECTIONS = [
             "run_timeout_seconds": 3600.0,
             "max_queued_runs_per_session": 16,
             "max_active_runs_per_actor": 64,
+            "header_timeout_seconds": 10.0,
+            "idle_timeout_seconds": 75.0,
+            "max_connections": 1000,
+            "stream_send_timeout_seconds": 60.0,
+            "shutdown_grace_seconds": 5.0,
             "allowed_hosts": [],
             "cors_origins": [],
             "public_url": "",

@@ -1,15 +1,33 @@
 """The HTTP server the launcher runs: aiohttp's, with errors from its own parser in the gateway's
-JSON shape.
+JSON shape, and connection hygiene.
 
 A malformed request (a 100 KB path, an over-long header line, a bad method) never reaches the
 application's middlewares: aiohttp's protocol handler answers it itself, as ``text/plain``. The
 request handler here answers ``{"error": {"code", "message"}}`` instead, so every refusal a
 client can get is JSON.
+
+Connections are bounded (`ConnectionLimits`): a request's headers must arrive within
+``header_timeout`` of the connection opening or of their first byte (a client trickling a header
+line every few seconds is dropped), an idle keep-alive connection closes after ``idle_timeout``,
+and beyond ``max_connections`` open connections a new one is answered 503 and closed.
+`GuardedTCPSite` accepts connections with its own loop: out of file descriptors, it backs off and
+logs once per interval (asyncio's own accept loop logs one line per attempt and re-arms itself
+once per failure, which at the fd limit grows into hundreds of thousands of lines a second).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -17,8 +35,90 @@ from aiohttp.web_request import BaseRequest
 
 from agent_gateway.errors import error_response
 
+log = logging.getLogger("agent_gateway.http")
+
+# accept() failing for want of resources: wait and retry (the waiting clients stay in the backlog).
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_BACKOFF_FIRST = 0.05
+ACCEPT_BACKOFF_MAX = 1.0
+ACCEPT_ERROR_LOG_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """``[gateway]`` header_timeout_seconds, idle_timeout_seconds, max_connections."""
+
+    header_timeout: float = 10.0
+    idle_timeout: float = 75.0
+    max_connections: int = 1000
+
+    @classmethod
+    def from_config(cls, section: dict[str, Any]) -> ConnectionLimits:
+        return cls(
+            header_timeout=float(section["header_timeout_seconds"]),
+            idle_timeout=float(section["idle_timeout_seconds"]),
+            max_connections=int(section["max_connections"]),
+        )
+
 
 class JsonErrorRequestHandler(RequestHandler):
+    """aiohttp's per-connection protocol, answering parser errors as JSON, with a header deadline
+    and the connection cap."""
+
+    _limits = ConnectionLimits()
+    _header_deadline: asyncio.TimerHandle | None = None
+    _over_capacity = False
+    # Called when the client disconnects: a stream sets it to end at once, instead of at its next
+    # heartbeat (so its connection stops counting against max_connections).
+    on_connection_lost: Callable[[], None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        manager = self._manager
+        open_before = len(manager.connections) if manager is not None else 0
+        super().connection_made(transport)
+        if open_before >= self._limits.max_connections:
+            # Read the request (so the client sees the answer, not a reset), answer 503, close.
+            self._over_capacity = True
+            self._request_handler = self._answer_over_capacity
+        self._start_header_deadline()  # a connection that never sends a request is dropped too
+
+    def data_received(self, data: bytes) -> None:
+        if self._header_deadline is None and not self._request_in_progress and not self._messages:
+            self._start_header_deadline()  # the first byte of the next request
+        super().data_received(data)
+        if self._messages or self._request_in_progress or (self._waiter is not None and self._waiter.done()):
+            self._cancel_header_deadline()  # a whole request head arrived
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_header_deadline()
+        super().connection_lost(exc)
+        callback, self.on_connection_lost = self.on_connection_lost, None
+        if callback is not None:
+            callback()
+
+    def _start_header_deadline(self) -> None:
+        self._cancel_header_deadline()
+        self._header_deadline = self._loop.call_later(self._limits.header_timeout, self._on_header_deadline)
+
+    def _cancel_header_deadline(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _on_header_deadline(self) -> None:
+        self._header_deadline = None
+        if not self._request_in_progress and not self._messages:
+            self.force_close()  # headers incomplete (or never started) after header_timeout
+
+    async def _answer_over_capacity(self, request: BaseRequest) -> web.StreamResponse:
+        limit = self._limits.max_connections
+        response = error_response(
+            503, "too_many_connections", f"the gateway has {limit} open connections (its limit); retry shortly"
+        )
+        response.headers["Retry-After"] = "1"
+        response.force_close()
+        return response
+
     def handle_error(
         self,
         request: BaseRequest,
@@ -39,14 +139,177 @@ class JsonErrorRequestHandler(RequestHandler):
 
 
 class JsonErrorServer(web.Server):
+    limits = ConnectionLimits()
+
     def __call__(self) -> RequestHandler:
-        return JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler = JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+        handler._limits = self.limits
+        return handler
 
 
 class GatewayRunner(web.AppRunner):
-    """``web.AppRunner`` whose connections answer parser errors as JSON."""
+    """``web.AppRunner`` whose connections answer parser errors as JSON, within `limits`.
+
+    ``shutdown_timeout`` (how long aiohttp waits for a request handler at shutdown, twice: before
+    cancelling it and after) defaults short here: the gateway ends its streams itself before
+    cleanup (`Gateway.drain`), so a handler still running then is stuck."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        limits: ConnectionLimits | None = None,
+        shutdown_timeout: float = 1.0,
+        **kwargs: Any,
+    ) -> None:
+        self.limits = limits or ConnectionLimits()
+        # aiohttp's keep-alive timer: an idle connection (between requests) closes after this.
+        kwargs.setdefault("keepalive_timeout", self.limits.idle_timeout)
+        super().__init__(app, shutdown_timeout=shutdown_timeout, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         server.__class__ = JsonErrorServer  # same state, our request handler per connection
+        server.limits = self.limits
         return server
+
+
+class _RateLimitedLog:
+    """One warning per interval, counting the ones it held back."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._last = -interval
+        self._held_back = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self._held_back += 1
+            return
+        held_back, self._held_back, self._last = self._held_back, 0, now
+        suffix = f" ({held_back} more since the last message)" if held_back else ""
+        log.warning(message + suffix, *args)
+
+
+class _Listening:
+    """What aiohttp reads of a site's server: its sockets (for ``runner.addresses``), and close."""
+
+    def __init__(self, sockets: list[socket.socket], close: Callable[[], None]) -> None:
+        self.sockets = sockets
+        self.close = close
+
+
+def _listening_sockets(host: str | None, port: int, backlog: int) -> list[socket.socket]:
+    """Bound, listening, non-blocking sockets for every address of `host` (all interfaces for an
+    empty host), like ``loop.create_server``; with port 0, one port for every address."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, kind, proto, _, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+class GuardedTCPSite(web.BaseSite):
+    """``web.TCPSite`` with its own accept loop: out of file descriptors (EMFILE) it waits, with
+    backoff up to a second, and logs at most once per ``ACCEPT_ERROR_LOG_INTERVAL``; accepting
+    resumes by itself when descriptors free up."""
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str | None,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        ssl_handshake_timeout: float = 60.0,
+        backlog: int = 128,
+    ) -> None:
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._ssl_handshake_timeout = ssl_handshake_timeout
+        self._sockets: list[socket.socket] = []
+        self._accepting: list[asyncio.Task[None]] = []
+        self._handing_over: set[asyncio.Task[Any]] = set()
+        self._errors = _RateLimitedLog(ACCEPT_ERROR_LOG_INTERVAL)
+
+    @property
+    def name(self) -> str:
+        scheme = "https" if self._ssl_context else "http"
+        port = self._sockets[0].getsockname()[1] if self._sockets else self._port
+        return f"{scheme}://{self._host or '0.0.0.0'}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        self._sockets = _listening_sockets(self._host, self._port, self._backlog)
+        self._server = _Listening(self._sockets, self._close_sockets)  # type: ignore[assignment]
+        self._accepting = [asyncio.create_task(self._accept_loop(sock)) for sock in self._sockets]
+
+    async def stop(self) -> None:
+        for task in self._accepting:
+            task.cancel()
+        await asyncio.gather(*self._accepting, return_exceptions=True)  # readers removed first
+        self._accepting = []
+        await super().stop()  # closes the sockets (`_close_sockets`), unregisters the site
+
+    def _close_sockets(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        backoff = ACCEPT_BACKOFF_FIRST
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue  # that client is gone; the next one may be fine
+                reason = "out of file descriptors or memory" if exc.errno in RESOURCE_ERRNOS else "error"
+                self._errors.warning(
+                    "cannot accept connections (%s: %s); retrying for as long as it lasts", reason, exc
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, ACCEPT_BACKOFF_MAX)
+                continue
+            backoff = ACCEPT_BACKOFF_FIRST
+            self._hand_over(loop, conn)
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        server = self._runner.server
+        assert server is not None
+        factory: Callable[[], asyncio.BaseProtocol] = server
+        if self._ssl_context is None:
+            connecting: Awaitable[Any] = loop.connect_accepted_socket(factory, conn)
+        else:
+            connecting = loop.connect_accepted_socket(
+                factory, conn, ssl=self._ssl_context, ssl_handshake_timeout=self._ssl_handshake_timeout
+            )
+        task = asyncio.ensure_future(connecting)
+        self._handing_over.add(task)
+        task.add_done_callback(lambda done: self._handed_over(done, conn))
+
+    def _handed_over(self, task: asyncio.Future[Any], conn: socket.socket) -> None:
+        self._handing_over.discard(task)  # type: ignore[arg-type]
+        if task.cancelled() or task.exception() is not None:
+            with contextlib.suppress(OSError):
+                conn.close()  # e.g. a failed TLS handshake

@@ -652,6 +652,15 @@ class RunManager:
             )
             active.task.cancel()
 
+    async def drain(self, grace: float) -> None:
+        """Give active runs up to `grace` seconds to end, then interrupt the rest (`shutdown`)."""
+        waiting = [asyncio.ensure_future(a.done.wait()) for a in self._active.values()]
+        if waiting and grace > 0:
+            await asyncio.wait(waiting, timeout=grace)
+        for waiter in waiting:
+            waiter.cancel()
+        await self.shutdown()
+
     async def shutdown(self) -> None:
         self._shutting_down = True
         tasks = [a.task for a in self._active.values() if a.task is not None]

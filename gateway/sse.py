@@ -2,12 +2,15 @@
 
 A client's events go out in batched writes of frames built by `models.sse_frames` (clients in step
 with a run share one encoding of each batch). A client that falls behind its buffer is switched
-back to replay from the journal.
+back to replay from the journal. The response headers go out with a first comment as the stream
+opens; a client that stops reading is cut off after the send timeout; at shutdown
+(`StreamStats.stop_all`) every stream writes what it has buffered and ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +18,15 @@ from aiohttp import hdrs, web
 from aiohttp_sse import EventSourceResponse
 
 from agent_gateway.bus import Bus
+from agent_gateway.http_server import JsonErrorRequestHandler
 from agent_gateway.journal import Journal
 from agent_gateway.models import Event, sse_frames
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
 WRITE_BATCH = 256
-SEND_TIMEOUT = 60.0
+SEND_TIMEOUT = 60.0  # default of [gateway] stream_send_timeout_seconds
+OPENING_COMMENT = b": stream open\n\n"
 
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
@@ -51,6 +56,37 @@ class StreamStats:
         self.replays = 0
         self.merges = 0
         self.open_streams = 0
+        self.streams: set[RunStream] = set()  # the open ones, for shutdown
+        self._none_open: asyncio.Event | None = None
+
+    def stop_all(self, keep: Callable[[str], bool] = lambda topic: False) -> None:
+        """Ask every open stream whose topic `keep` does not want to end (after writing what it has
+        buffered); its client resumes with Last-Event-ID."""
+        for stream in list(self.streams):
+            if not keep(stream.topic):
+                stream.stop()
+
+    async def wait_closed(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for every open stream to end; whether they all did."""
+        if not self.streams:
+            return True
+        self._none_open = self._none_open or asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._none_open.wait()
+        return not self.streams
+
+    def _opened(self, stream: RunStream) -> None:
+        self.open_streams += 1
+        self.streams.add(stream)
+        if self._none_open is not None:
+            self._none_open.clear()
+
+    def _closed(self, stream: RunStream) -> None:
+        self.open_streams -= 1
+        self.streams.discard(stream)
+        if not self.streams and self._none_open is not None:
+            self._none_open.set()
 
 
 class RunStream:
@@ -77,9 +113,11 @@ class RunStream:
         heartbeat: float,
         stats: StreamStats,
         project: Callable[[Event], Any] | None = None,
+        send_timeout: float = SEND_TIMEOUT,
     ) -> None:
         self._response = response
-        self._topic = topic
+        self.topic = self._topic = topic
+        self._send_timeout = send_timeout
         self._bus = bus
         self._after_seq = after_seq
         self._is_finished = is_finished
@@ -103,12 +141,31 @@ class RunStream:
         self._replaying = True  # reading the journal page by page, until a page comes back short
         self._sent = False  # something was written (so the response headers are out)
         self._finished = False  # a direct write delivered the terminal event
+        self._stopping = False  # shutdown: write what is buffered, then end
+        self._protocol = request.protocol if isinstance(request.protocol, JsonErrorRequestHandler) else None
+        if self._protocol is not None:  # the client left: end now, not at the next heartbeat
+            self._protocol.on_connection_lost = self.stop
+
+    def stop(self) -> None:
+        """End the stream after writing what its buffer holds (the gateway is stopping)."""
+        self._stopping = True
+        self._wakeup.set()
+
+    async def open(self) -> None:
+        """Send the response headers and a comment now: aiohttp holds headers back until the first
+        write, which on an idle stream is the first heartbeat."""
+        async with asyncio.timeout(self._send_timeout):
+            await self._response.write(OPENING_COMMENT)
+        self._sent = True
 
     async def run(self) -> None:
         self._beat_handle = self._loop.call_later(self._heartbeat, self._on_beat)
-        self._stats.open_streams += 1
+        self._stats._opened(self)
         try:
+            await self.open()
             while True:
+                if self._stopping and (self._replaying or self._subscriber.needs_replay):
+                    break  # behind the live tail: the client resumes from the journal
                 if self._replaying or self._subscriber.needs_replay:
                     events = await self._replay_page()
                 else:
@@ -117,8 +174,13 @@ class RunStream:
                     break
                 if events and await self._send(events):
                     break
-        except (ConnectionResetError, TimeoutError):
-            pass  # the client went away or stalled; it resumes with Last-Event-ID
+        except ConnectionResetError:
+            pass  # the client went away; it resumes with Last-Event-ID
+        except TimeoutError:
+            # The client stopped reading for the send timeout: drop it. A graceful close would
+            # wait for it to drain what is queued, which it never does.
+            if self._transport is not None:
+                self._transport.abort()
         finally:
             self._close()
         try:
@@ -131,9 +193,11 @@ class RunStream:
         """Stop the heartbeat and leave the bus (counting this subscription's merges)."""
         if self._beat_handle is not None:
             self._beat_handle.cancel()
+        if self._protocol is not None and self._protocol.on_connection_lost == self.stop:
+            self._protocol.on_connection_lost = None
         self._stats.merges += self._subscriber.merges
         self._bus.unsubscribe(self._subscriber)
-        self._stats.open_streams -= 1
+        self._stats._closed(self)
 
     def _on_beat(self) -> None:
         """One timer per stream (not one per wait), waking the writer to check the peer."""
@@ -163,7 +227,7 @@ class RunStream:
         returns [] to go round again); None when the stream is over."""
         subscriber = self._subscriber
         if not subscriber.buffer:
-            return await self._wait()
+            return None if self._stopping else await self._wait()
         taken = subscriber.take(WRITE_BATCH)
         if taken and taken[0].seq <= self._last:  # seqs increase: only a head can be stale
             events = [e for e in taken if e.seq > self._last]
@@ -185,7 +249,7 @@ class RunStream:
             subscriber.write_directly = self._write_directly
         await self._wakeup.wait()
         subscriber.write_directly = None
-        return None if self._finished else []
+        return None if self._finished or (self._stopping and not subscriber.buffer) else []
 
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
@@ -199,7 +263,7 @@ class RunStream:
             # drain, and needs no send timer.
             await self._response.write(blob)
         else:
-            async with asyncio.timeout(SEND_TIMEOUT):
+            async with asyncio.timeout(self._send_timeout):
                 await self._response.write(blob)
         self._sent = True
         self._stats.delivered += len(events)
@@ -242,14 +306,16 @@ async def stream_run(
     heartbeat: float,
     stats: StreamStats,
     project: Callable[[Event], Any] | None = None,
+    send_timeout: float = SEND_TIMEOUT,
 ) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
     terminal event the client already has); `project` maps each event to what the client sees
-    (None: the event's wire JSON).
+    (None: the event's wire JSON). A write that cannot go out within `send_timeout` seconds (the
+    client stopped reading) ends the stream and drops the connection.
     """
-    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=SEND_TIMEOUT)
+    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout)
     response.headers["X-Accel-Buffering"] = "no"
     await response.prepare(request)
     stream = RunStream(
@@ -264,6 +330,7 @@ async def stream_run(
         heartbeat=heartbeat,
         stats=stats,
         project=project,
+        send_timeout=send_timeout,
     )
     await stream.run()
     return response

@@ -107,6 +107,7 @@ class RunRoutes:
             heartbeat=self.gw.heartbeat,
             stats=self.gw.stream_stats,
             project=project,
+            send_timeout=self.gw.stream_send_timeout,
         )
 
     async def cancel(self, request: web.Request) -> web.Response:

@@ -1,10 +1,11 @@
 """``GET /v1/workspaces/{workspaceId}/events``: the workspace's `files.changed` stream (SSE).
 
 Same framing as a run stream (``id: <seq>``, ``event: files.changed``, ``data: <event JSON>``,
-heartbeat comments), resumable with ``Last-Event-ID`` or ``?afterSeq=``. The stream has no
-terminal event: it stays open until the client leaves. Workspaces are the configured
-``[workspaces] roots``; an unknown id, or another actor's workspace (``[workspaces] owners``), is
-a 404.
+heartbeat comments), resumable with ``Last-Event-ID`` or ``?afterSeq=``. The headers and a first
+comment go out as soon as the stream opens. The stream has no terminal event: it stays open until
+the client leaves or the gateway stops (then the client resumes with ``Last-Event-ID``).
+Workspaces are the configured ``[workspaces] roots``; an unknown id, or another actor's workspace
+(``[workspaces] owners``), is a 404.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def setup(app: web.Application, gateway: Gateway) -> None:
             capacity=gateway.stream_capacity,
             heartbeat=gateway.heartbeat,
             stats=gateway.stream_stats,
+            send_timeout=gateway.stream_send_timeout,
         )
 
     app.router.add_get("/v1/workspaces/{workspace_id}/events", events)
