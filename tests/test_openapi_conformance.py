@@ -38,6 +38,10 @@ from agent_gateway.testing.fake_openai import FakeOpenAI
 
 RUNS_TOKEN = "tok-conformance-runs"
 PREFS_TOKEN = "tok-conformance-prefs"
+# Each stateful scenario runs as actors of its own: a scenario replayed by Hypothesis then meets the
+# same (empty) state, not the runs and idempotency keys an earlier scenario left behind.
+SCENARIO_ACTORS = 200
+SCENARIO_TOKENS = [(f"tok-conformance-{n:04d}-runs", f"tok-conformance-{n:04d}-prefs") for n in range(SCENARIO_ACTORS)]
 EXAMPLES = 15  # per operation and phase: the whole file stays well under a minute on 2 cores
 SEED = 20261201
 # Operations that need a peer this test does not start (see the module docstring).
@@ -65,7 +69,14 @@ class GatewayThread:
             env={},
             overrides={
                 "gateway": {"data_dir": self.data_dir},
-                "auth": {"tokens": {RUNS_TOKEN: "runs", PREFS_TOKEN: "prefs"}},
+                "auth": {
+                    "tokens": {
+                        RUNS_TOKEN: "runs",
+                        PREFS_TOKEN: "prefs",
+                        **{token: f"scenario-{n}-runs" for n, (token, _) in enumerate(SCENARIO_TOKENS)},
+                        **{token: f"scenario-{n}-prefs" for n, (_, token) in enumerate(SCENARIO_TOKENS)},
+                    }
+                },
                 "chat_only": {"base_url": self.fake.base_url, "model": "m"},
                 "hermes": {"enabled": False},
                 "reasonix": {"enabled": False},
@@ -98,8 +109,9 @@ class GatewayThread:
             self.loop.close()
 
 
-def headers_for(case: schemathesis.Case) -> dict[str, str]:
-    token = PREFS_TOKEN if case.operation.path == "/v1/preferences" else RUNS_TOKEN
+def headers_for(case: schemathesis.Case, tokens: tuple[str, str] = (RUNS_TOKEN, PREFS_TOKEN)) -> dict[str, str]:
+    runs_token, prefs_token = tokens
+    token = prefs_token if case.operation.path == "/v1/preferences" else runs_token
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -149,9 +161,14 @@ def test_every_operation_conforms(case: schemathesis.Case) -> None:
 
 
 def test_run_links_conform(api_schema: OpenApiSchema) -> None:
+    scenarios = iter(SCENARIO_TOKENS)
+
     class RunLinks(api_schema.as_state_machine()):  # type: ignore[misc]
+        def setup(self) -> None:
+            self.tokens = next(scenarios)
+
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
-            return {"headers": headers_for(case)}
+            return {"headers": headers_for(case, self.tokens)}
 
     RunLinks.run(
         settings=hypothesis.settings(
@@ -160,6 +177,9 @@ def test_run_links_conform(api_schema: OpenApiSchema) -> None:
             deadline=None,
             derandomize=True,
             database=None,
+            # no shrinking: every scenario is a fresh one (see SCENARIO_TOKENS), and a failure is
+            # reported as found
+            phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate),
             suppress_health_check=list(hypothesis.HealthCheck),
         )
     )
@@ -261,6 +281,8 @@ async def test_event_page_parameters_are_exactly_what_the_document_allows(
     [
         {"requestId": ""},
         {"requestId": "   "},
+        {"requestId": "\x1d"},  # white space to Python, not to ECMA-262: blank by the document's rule too
+        {"sessionId": "\ufeff"},  # white space to ECMA-262, not to Python
         {"sessionId": ""},
         {"workspaceId": ""},
         {"message": " \n"},
@@ -282,6 +304,15 @@ async def test_permission_answers_the_document_forbids_are_refused(make_gateway:
     client = await make_gateway()
     receipt, _ = await run_to_end(client, run_body())
     response = await client.post(f"/v1/runs/{receipt['hostRunId']}/permissions/perm_x", json=body)
+    assert response.status == 400
+    assert (await response.json())["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("body", [{}, {"message": " "}, {"message": "go", "extra": 1}, {"message": 5}])
+async def test_pi_lab_messages_the_document_forbids_are_refused(make_gateway: Any, body: Any) -> None:
+    client = await make_gateway({"pi_lab": {"enabled": True}})
+    receipt, _ = await run_to_end(client, run_body())  # a run of the caller: the body is checked next
+    response = await client.post(f"/v1/pi-lab/runs/{receipt['hostRunId']}/steer", json=body)
     assert response.status == 400
     assert (await response.json())["error"]["code"] == "invalid_request"
 

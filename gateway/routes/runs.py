@@ -149,4 +149,5 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     app.router.add_get("/v1/runs/{host_run_id}/stream", routes.stream)
     app.router.add_post("/v1/runs/{host_run_id}/cancel", routes.cancel)
     app.router.add_post("/v1/runs/{host_run_id}/permissions/{request_id}", routes.permission)
-    app.router.add_get("/v1/sessions/{session_id}/active-run", routes.active_run)
+    # Any one path segment: a sessionId may hold braces, which aiohttp's default variable refuses.
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/active-run", routes.active_run)
