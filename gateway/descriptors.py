@@ -103,8 +103,10 @@ class FieldSpec:
         kind = self.kind
         if kind == "boolean" and not isinstance(value, bool):
             raise FieldError(f"{self.key} must be true or false")
-        if kind == "integer" and (not isinstance(value, int) or isinstance(value, bool)):
-            raise FieldError(f"{self.key} must be an integer")
+        if kind == "integer" and isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+            value = int(value)  # JSON does not tell 3.0 from 3 (nor does JSON Schema's "integer")
+        if kind == "integer" and (not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 2**63):
+            raise FieldError(f"{self.key} must be an integer (64-bit)")
         if kind in ("string", "select") and not isinstance(value, str):
             raise FieldError(f"{self.key} must be a string")
         if kind == "string" and len(value) > 10_000:

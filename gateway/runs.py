@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import secrets
 from collections import Counter
 from collections.abc import Callable
@@ -59,9 +60,14 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+# A text holds something besides white space: a character no regex dialect (Python's, ECMA-262's
+# in /openapi.json, Rust's in validators) counts as white space. The document says the same.
+VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
+
+
 def _require_id(body: dict[str, Any], key: str, default: str | None = None) -> str:
     value = body.get(key, default)
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not VISIBLE.search(value):
         raise ApiError(400, "invalid_request", f"{key} must be a non-empty string")
     if len(value) > MAX_ID_LENGTH:
         raise ApiError(400, "invalid_request", f"{key} must be at most {MAX_ID_LENGTH} characters")
@@ -78,7 +84,7 @@ def validate_run_request(body: Any) -> dict[str, Any]:
         "workspaceId": _require_id(body, "workspaceId", "default"),
     }
     message = body.get("message")
-    if not isinstance(message, str) or not message.strip():
+    if not isinstance(message, str) or not VISIBLE.search(message):
         raise ApiError(400, "invalid_request", "message must be a non-empty string")
     request["message"] = message
     for key in ("context", "options"):

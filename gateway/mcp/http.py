@@ -12,8 +12,8 @@ now, gets **401** with a JSON-RPC error ``-32001`` in the body (one per request 
 - ``initialize`` → the response carries a fresh ``Mcp-Session-Id``; a later request naming a
   session id this token was not given gets 404 (the client must initialize again); requests
   without the header are accepted;
-- ``DELETE`` with ``Mcp-Session-Id`` ends that session (204); ``GET`` → 405 (no server-sent
-  stream is offered).
+- ``DELETE`` with ``Mcp-Session-Id`` ends that session (204); ``GET`` is not routed, so it is a
+  405 with ``Allow`` (no server-sent stream is offered).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _has_initialize(message: Any) -> bool:
 
 
 def setup(app: web.Application, gateway: Gateway) -> None:
-    """Add ``POST|GET|DELETE /v1/mcp`` to ``app`` (once: a second call is a no-op)."""
+    """Add ``POST|DELETE /v1/mcp`` to ``app`` (once: a second call is a no-op)."""
     if any(getattr(r, "canonical", None) == MCP_PATH for r in app.router.resources()):
         return
 
@@ -139,11 +139,5 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         del lease.sessions[session_id]
         return web.Response(status=204)
 
-    async def get(request: web.Request) -> web.StreamResponse:
-        return web.Response(
-            status=405, headers={"Allow": "POST, DELETE"}, text="no server-sent stream on this endpoint"
-        )
-
     app.router.add_post(MCP_PATH, post)
     app.router.add_delete(MCP_PATH, delete)
-    app.router.add_get(MCP_PATH, get, allow_head=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -20,7 +21,14 @@ DEFAULT_PAGE = 500
 MAX_PAGE = 5000
 
 
+# What /openapi.json declares: ASCII digits only, no sign, no spaces (empty means 0).
+_CURSOR_TEXT = re.compile(r"[0-9]{0,18}")
+_LIMIT_TEXT = re.compile(r"[0-9]{1,9}")
+
+
 def _cursor(value: str | None, name: str) -> int:
+    if value is not None and not _CURSOR_TEXT.fullmatch(value):
+        raise ApiError(400, "invalid_cursor", f"{name}: a cursor is 0 or up to 18 ASCII digits, got {value[:40]!r}")
     try:
         return parse_cursor(value)
     except ValueError as exc:
@@ -73,10 +81,10 @@ class RunRoutes:
     async def events(self, request: web.Request) -> web.Response:
         run = await self._run(request)
         after = _cursor(request.query.get("afterSeq"), "afterSeq")
-        try:
-            limit = int(request.query.get("limit", DEFAULT_PAGE))
-        except ValueError as exc:
-            raise ApiError(400, "invalid_limit", "limit must be an integer") from exc
+        text = request.query.get("limit", str(DEFAULT_PAGE))
+        if not _LIMIT_TEXT.fullmatch(text):  # int() would take " 5", "+5" and "5_0"
+            raise ApiError(400, "invalid_limit", f"limit must be an integer 1..{MAX_PAGE}")
+        limit = int(text)
         if not 1 <= limit <= MAX_PAGE:
             raise ApiError(400, "invalid_limit", f"limit must be 1..{MAX_PAGE}")
         project = self._projection(request)
@@ -120,7 +128,8 @@ class RunRoutes:
 
     async def permission(self, request: web.Request) -> web.Response:
         body = await read_json(request)
-        if not isinstance(body, dict) or "optionId" not in body:
+        option_id = body.get("optionId") if isinstance(body, dict) else None
+        if not isinstance(option_id, str) or not option_id or set(body) != {"optionId"}:
             raise ApiError(400, "invalid_request", 'send {"optionId": "<one of the offered options>"}')
         run = await self.gw.runs.resolve_permission(
             request.match_info["host_run_id"], request["actor"], request.match_info["request_id"], body["optionId"]
@@ -147,4 +156,5 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     app.router.add_get("/v1/runs/{host_run_id}/stream", routes.stream)
     app.router.add_post("/v1/runs/{host_run_id}/cancel", routes.cancel)
     app.router.add_post("/v1/runs/{host_run_id}/permissions/{request_id}", routes.permission)
-    app.router.add_get("/v1/sessions/{session_id}/active-run", routes.active_run)
+    # Any one path segment: a sessionId may hold braces, which aiohttp's default variable refuses.
+    app.router.add_get("/v1/sessions/{session_id:[^/]+}/active-run", routes.active_run)

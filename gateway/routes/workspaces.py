@@ -10,6 +10,7 @@ Workspaces are the configured ``[workspaces] roots``; an unknown id, or another 
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -23,6 +24,8 @@ from agent_gateway.workspace_access import workspace_not_found
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
 
+CURSOR_TEXT = re.compile(r"[0-9]{0,18}")
+
 
 def setup(app: web.Application, gateway: Gateway) -> None:
     async def events(request: web.Request) -> web.StreamResponse:
@@ -34,6 +37,8 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         header = request.headers.get("Last-Event-ID")
         name, raw = ("Last-Event-ID", header) if header else ("afterSeq", request.query.get("afterSeq"))
         try:
+            if raw is not None and not CURSOR_TEXT.fullmatch(raw):  # ASCII digits only, as /openapi.json says
+                raise ValueError(f"a cursor is 0 or up to 18 ASCII digits, got {raw[:40]!r}")
             after = parse_cursor(raw)
         except ValueError as exc:
             raise ApiError(400, "invalid_cursor", f"{name}: {exc}") from exc

@@ -8,6 +8,7 @@ the message was queued into the running turn; 409 when the run is not running on
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from agent_gateway import ApiError, PluginRoutes, read_json
 from .rpc import PiError
 from .runtime import AGENT_ID, PiRuntime
 
+# As /openapi.json says: a message holds a character no regex dialect counts as white space.
+VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
 OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "openapi.json").read_text(encoding="utf-8")
 )["paths"]
@@ -34,8 +37,8 @@ def setup(routes: PluginRoutes) -> None:
             raise ApiError(404, "run_not_found", "no such run")
         body = await read_json(request)
         message = body.get("message") if isinstance(body, dict) else None
-        if not isinstance(message, str) or not message.strip():
-            raise ApiError(400, "invalid_request", "message must be a non-empty string")
+        if not isinstance(message, str) or not VISIBLE.search(message) or set(body) != {"message"}:
+            raise ApiError(400, "invalid_request", 'send {"message": "<a non-blank text>"}')
         try:
             data = await (runtime.steer if command == "steer" else runtime.follow_up)(host_run_id, message)
         except LookupError as exc:

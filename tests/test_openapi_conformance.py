@@ -1,0 +1,338 @@
+"""``/openapi.json`` describes what the gateway really does, checked by Schemathesis.
+
+A real gateway (chat-only on the fake OpenAI upstream, tokens configured) listens on 127.0.0.1 in
+a thread of its own; Schemathesis (pinned in the test extras) loads the served document and runs
+every built-in check on every operation: examples, coverage and fuzzing cases
+(``test_every_operation_conforms``), then stateful sequences that follow the document's links from
+a created run to its receipt, events, stream and cancel (``test_run_links_conform``). Any server
+error, undocumented status, content type or header, body off its schema, schema-valid request
+refused or schema-violating request accepted fails the test. Runs are deterministic (fixed seed,
+derandomized) and bounded (a few examples per operation).
+
+The preference writes go through a second actor: stored preferences fill a run's missing
+``agentId``, and the runs' actor must not get one mid-run (its requests would change meaning).
+The knowledge routes need a LightRAG server (tests/test_lightrag.py runs them against the real
+one); here they are only checked for being documented.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import hypothesis
+import pytest
+import requests
+import schemathesis
+from aiohttp import web
+from conftest import WAIT, run_body, run_to_end
+from schemathesis.specs.openapi.schemas import OpenApiSchema
+
+from agent_gateway.app import create_app
+from agent_gateway.config import Config
+from agent_gateway.plugin_host import PluginHost
+from agent_gateway.testing.fake_openai import FakeOpenAI
+
+RUNS_TOKEN = "tok-conformance-runs"
+PREFS_TOKEN = "tok-conformance-prefs"
+# Each stateful scenario runs as actors of its own: a scenario replayed by Hypothesis then meets the
+# same (empty) state, not the runs and idempotency keys an earlier scenario left behind.
+SCENARIO_ACTORS = 200
+SCENARIO_TOKENS = [(f"tok-conformance-{n:04d}-runs", f"tok-conformance-{n:04d}-prefs") for n in range(SCENARIO_ACTORS)]
+EXAMPLES = 15  # per operation and phase: the whole file stays well under a minute on 2 cores
+SEED = 20261201
+# Operations that need a peer this test does not start (see the module docstring).
+NEEDS_PEER = r"^/v1/knowledge/"
+
+
+class GatewayThread:
+    """A fake upstream and a gateway on 127.0.0.1, served by an event loop in a thread."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
+        self.fake = FakeOpenAI()
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=WAIT)
+
+    async def _start(self) -> None:
+        await self.fake.start()
+        config = Config.load(
+            None,
+            env={},
+            overrides={
+                "gateway": {"data_dir": self.data_dir},
+                "auth": {
+                    "tokens": {
+                        RUNS_TOKEN: "runs",
+                        PREFS_TOKEN: "prefs",
+                        **{token: f"scenario-{n}-runs" for n, (token, _) in enumerate(SCENARIO_TOKENS)},
+                        **{token: f"scenario-{n}-prefs" for n, (_, token) in enumerate(SCENARIO_TOKENS)},
+                    }
+                },
+                "chat_only": {"base_url": self.fake.base_url, "model": "m"},
+                "hermes": {"enabled": False},
+                "reasonix": {"enabled": False},
+                "pi_lab": {"enabled": False},
+            },
+        )
+        self.runner = web.AppRunner(create_app(config, PluginHost.load(env={})))
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def _stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        await self.fake.stop()
+
+    def __enter__(self) -> GatewayThread:
+        self.thread.start()
+        self._call(self._start())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._call(self._stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=WAIT)
+            self.loop.close()
+
+
+def headers_for(case: schemathesis.Case, tokens: tuple[str, str] = (RUNS_TOKEN, PREFS_TOKEN)) -> dict[str, str]:
+    runs_token, prefs_token = tokens
+    token = prefs_token if case.operation.path == "/v1/preferences" else runs_token
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(autouse=True)
+def _node_id_for_schemathesis(request: pytest.FixtureRequest) -> None:
+    """Schemathesis 4.32.5's lazy schemas read and rewrite ``node._nodeid`` (to name each
+    operation's subtest), an attribute pytest 9 no longer has: give it one."""
+    request.node._nodeid = request.node.nodeid
+
+
+@pytest.fixture(scope="module")
+def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with GatewayThread(str(tmp_path_factory.mktemp("conformance"))) as gateway:
+        yield gateway.url
+
+
+@pytest.fixture(scope="module")
+def api_schema(gateway_url: str) -> OpenApiSchema:
+    config = schemathesis.Config.from_dict(
+        {
+            "seed": SEED,
+            "request-timeout": WAIT,
+            "max-stream-events": 200,
+            # Every built-in check, on by default; named so a default turned off shows here.
+            "checks": {"enabled": True},
+            "generation": {
+                "max-examples": EXAMPLES,
+                "deterministic": True,
+                "database": "none",
+                # The gateway refuses NUL in any JSON text (400 invalid_text), which a JSON schema
+                # cannot say for free-form objects; the document's description states it.
+                "allow-x00": False,
+            },
+        }
+    )
+    schema = schemathesis.openapi.from_url(f"{gateway_url}/openapi.json", config=config)
+    return schema.exclude(path_regex=NEEDS_PEER)
+
+
+schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=NEEDS_PEER)
+
+
+@schema.parametrize()
+@hypothesis.settings(deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+def test_every_operation_conforms(case: schemathesis.Case) -> None:
+    case.call_and_validate(headers=headers_for(case))
+
+
+def test_run_links_conform(api_schema: OpenApiSchema) -> None:
+    scenarios = iter(SCENARIO_TOKENS)
+
+    class RunLinks(api_schema.as_state_machine()):  # type: ignore[misc]
+        def setup(self) -> None:
+            self.tokens = next(scenarios)
+
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"headers": headers_for(case, self.tokens)}
+
+    RunLinks.run(
+        settings=hypothesis.settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=6,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            # no shrinking: every scenario is a fresh one (see SCENARIO_TOKENS), and a failure is
+            # reported as found
+            phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate),
+            suppress_health_check=list(hypothesis.HealthCheck),
+        )
+    )
+
+
+def test_a_real_run_stream_matches_its_event_schema(api_schema: OpenApiSchema, gateway_url: str) -> None:
+    """The SSE events of a finished run, as sent, validate against the declared event schema (and
+    the receipt and event page against theirs), whatever the random phases happened to reach."""
+    headers = {"Authorization": f"Bearer {RUNS_TOKEN}"}
+    body = {"requestId": "conf-1", "agentId": "chat-only", "sessionId": "conf", "message": "hello"}
+    created = requests.post(f"{gateway_url}/v1/runs", json=body, headers=headers, timeout=WAIT)
+    assert created.status_code == 201, created.text
+    run_id = created.json()["hostRunId"]
+    stream = api_schema["/v1/runs/{hostRunId}/stream"]["GET"].Case(path_parameters={"hostRunId": run_id})
+    response = stream.call_and_validate(headers=headers)
+    events = [line.removeprefix("event: ") for line in response.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "run.created" and events[-1] == "run.completed", events
+    for path in ("/v1/runs/{hostRunId}", "/v1/runs/{hostRunId}/events", "/v1/runs/{hostRunId}/receipts"):
+        api_schema[path]["GET"].Case(path_parameters={"hostRunId": run_id}).call_and_validate(headers=headers)
+
+
+# -- plain checks, on the usual test gateway ---------------------------------------------------------
+
+
+def _shape(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "{}", path)
+
+
+async def test_every_served_route_is_documented_with_its_methods(make_gateway: Any) -> None:
+    """Core and built-in plugin routes (pi-lab's and the knowledge routes included) each have a
+    path item in /openapi.json with exactly the methods served; nothing documented is unserved."""
+    client = await make_gateway({"pi_lab": {"enabled": True}, "lightrag": {"enabled": True}})
+    spec = await (await client.get("/openapi.json")).json()
+    served = {
+        (_shape(resource.canonical), route.method)
+        for resource in client.app.router.resources()
+        for route in resource
+        if route.method not in ("HEAD", "OPTIONS")
+    }
+    documented = {
+        (_shape(path), method.upper())
+        for path, item in spec["paths"].items()
+        for method in item
+        if method in ("get", "post", "put", "patch", "delete")
+    }
+    assert {path for path, _ in served} >= {"/v1/knowledge/query", "/v1/pi-lab/runs/{}/steer"}
+    assert served == documented
+
+
+async def test_the_served_document_names_this_gateways_agents_projections_and_preferences(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+    agents = (await (await client.get("/v1/health")).json())["agents"]
+    assert schemas["AgentId"]["enum"] == sorted(agents)
+    assert {"ui", "openai"} <= set(schemas["Projection"]["enum"])
+    values = schemas["PreferenceValues"]
+    assert values["additionalProperties"] is False
+    assert values["properties"]["ai.common.defaultAgent"]["enum"] == [*agents, None]
+    # every 4xx of a JSON route is the JSON error shape
+    for path, item in spec["paths"].items():
+        for method, operation in item.items():
+            for status, response in operation["responses"].items():
+                if status.startswith("4") and path != "/v1/mcp":
+                    assert response == {"$ref": response.get("$ref")} or "application/json" in response["content"], (
+                        method,
+                        path,
+                        status,
+                    )
+
+
+@pytest.mark.parametrize(
+    ("query", "code"),
+    [
+        ("afterSeq=%205", "invalid_cursor"),  # " 5"
+        ("afterSeq=%2B5", "invalid_cursor"),  # "+5"
+        ("afterSeq=%D9%A3", "invalid_cursor"),  # Arabic-Indic 3
+        ("limit=5_0", "invalid_limit"),
+        ("limit=%2B5", "invalid_limit"),
+        ("limit=%205", "invalid_limit"),
+        ("limit=0", "invalid_limit"),
+    ],
+)
+async def test_event_page_parameters_are_exactly_what_the_document_allows(
+    make_gateway: Any, query: str, code: str
+) -> None:
+    """Python's int() takes " 5", "+5" and "5_0"; the document says ASCII digits, and so does the server."""
+    client = await make_gateway()
+    receipt, _ = await run_to_end(client, run_body())
+    response = await client.get(f"/v1/runs/{receipt['hostRunId']}/events?{query}")
+    assert response.status == 400
+    assert (await response.json())["error"]["code"] == code
+    ok = await client.get(f"/v1/runs/{receipt['hostRunId']}/events?afterSeq=&limit=5")
+    assert ok.status == 200
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"requestId": ""},
+        {"requestId": "   "},
+        {"requestId": "\x1d"},  # white space to Python, not to ECMA-262: blank by the document's rule too
+        {"sessionId": "\ufeff"},  # white space to ECMA-262, not to Python
+        {"sessionId": ""},
+        {"workspaceId": ""},
+        {"message": " \n"},
+        {"requestId": "x" * 201},
+        {"context": {"allowedRoots": "notes"}},
+        {"parentRunId": 5},
+        {"surprise": True},
+    ],
+)
+async def test_run_bodies_the_document_forbids_are_refused(make_gateway: Any, fields: dict[str, Any]) -> None:
+    client = await make_gateway()
+    response = await client.post("/v1/runs", json=run_body(**fields))
+    assert response.status == 400, await response.text()
+    assert (await response.json())["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("body", [{}, {"optionId": ""}, {"optionId": 3}, {"optionId": "allow", "extra": 1}, []])
+async def test_permission_answers_the_document_forbids_are_refused(make_gateway: Any, body: Any) -> None:
+    client = await make_gateway()
+    receipt, _ = await run_to_end(client, run_body())
+    response = await client.post(f"/v1/runs/{receipt['hostRunId']}/permissions/perm_x", json=body)
+    assert response.status == 400
+    assert (await response.json())["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize("body", [{}, {"message": " "}, {"message": "go", "extra": 1}, {"message": 5}])
+async def test_pi_lab_messages_the_document_forbids_are_refused(make_gateway: Any, body: Any) -> None:
+    client = await make_gateway({"pi_lab": {"enabled": True}})
+    receipt, _ = await run_to_end(client, run_body())  # a run of the caller: the body is checked next
+    response = await client.post(f"/v1/pi-lab/runs/{receipt['hostRunId']}/steer", json=body)
+    assert response.status == 400
+    assert (await response.json())["error"]["code"] == "invalid_request"
+
+
+async def test_integer_preferences_take_integral_numbers_within_64_bits(make_gateway: Any) -> None:
+    """JSON (and JSON Schema's "integer") does not tell 40.0 from 40; beyond 64 bits is refused."""
+    client = await make_gateway()
+    key = "ai.common.knowledge_rag.topK"
+    stored = await client.put("/v1/preferences", json={"values": {key: 40.0}})
+    assert stored.status == 200, await stored.text()
+    assert (await stored.json())["values"][key] == 40
+    for value in (2**63, 40.5):
+        refused = await client.put("/v1/preferences", json={"values": {key: value}})
+        assert refused.status == 400
+        assert (await refused.json())["error"]["code"] == "invalid_preference"
+
+
+async def test_mcp_get_is_a_405_with_allow(make_gateway: Any) -> None:
+    client = await make_gateway()
+    response = await client.get("/v1/mcp")
+    assert response.status == 405
+    assert set(response.headers["Allow"].replace(" ", "").split(",")) == {"POST", "DELETE"}
+    assert (await response.json())["error"]["code"] == "method_not_allowed"
