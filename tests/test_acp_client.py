@@ -542,20 +542,35 @@ async def test_close_kills_a_stubborn_agent_and_fails_pending() -> None:
 @pytest.mark.parametrize(
     ("update", "kind", "payload"),
     [
+        # Chunks: shaped like every runtime's deltas ({text}), so that consecutive ones merge.
         (
             {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}},
             "message.delta",
-            {"content": {"type": "text", "text": "hi"}, "text": "hi"},
+            {"text": "hi"},
         ),
         (
             {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hmm"}, "messageId": "m1"},
             "thought.delta",
-            {"content": {"type": "text", "text": "hmm"}, "messageId": "m1", "text": "hmm"},
+            {"text": "hmm", "messageId": "m1"},
         ),
-        (
+        (  # the block's other fields stay, without its text (equal from chunk to chunk)
+            {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": "a", "annotations": {"priority": 1}},
+                "_meta": {"k": 1},
+            },
+            "message.delta",
+            {"text": "a", "_meta": {"k": 1}, "content": {"type": "text", "annotations": {"priority": 1}}},
+        ),
+        (  # a non-text block stays whole
             {"sessionUpdate": "user_message_chunk", "content": {"type": "image", "data": "AA==", "mimeType": "x"}},
             "user.message.delta",
             {"content": {"type": "image", "data": "AA==", "mimeType": "x"}, "text": ""},
+        ),
+        (  # a text block whose text is not a string: kept whole, no text
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 3}},
+            "message.delta",
+            {"content": {"type": "text", "text": 3}, "text": ""},
         ),
         (
             {
