@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -300,8 +301,24 @@ async def sse_turn(http: aiohttp.ClientSession, url: str, chunks: int, mode: str
     return {"elapsed": elapsed, "frames": frames}
 
 
-async def fast_runs(url: str, agent: list[str], chunks: int, repeat: int) -> dict[str, list[float]]:
-    results: dict[str, list[float]] = {"count": [], "parse": [], "gateway": [], "frames": []}
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def fast_runs(url: str, server_pid: int, agent: list[str], chunks: int, repeat: int) -> dict[str, list[float]]:
+    """Alternating turns. Besides wall times, the CPU seconds each side spent: the bare reader's (this
+    process) and the gateway process's (every thread; not the SSE client's): less sensitive than
+    wall time to other load on the machine."""
+    results: dict[str, list[float]] = {
+        "count": [], "parse": [], "gateway": [], "frames": [], "parse_cpu": [], "gateway_cpu": []
+    }
     bares = {mode: BareReader(mode, agent) for mode in ("count", "parse")}
     for bare in bares.values():
         await bare.start()
@@ -312,9 +329,14 @@ async def fast_runs(url: str, agent: list[str], chunks: int, repeat: int) -> dic
             await sse_turn(http, url, 100, "new_session")  # starts the agent process: not timed
             for _ in range(repeat):  # alternating, so that each figure sees the same load
                 for mode, bare in bares.items():
+                    cpu = own_cpu()
                     results[mode].append(await bare.turn(chunks))
+                    if mode == "parse":
+                        results["parse_cpu"].append(own_cpu() - cpu)
+                cpu = process_cpu(server_pid)
                 turn = await sse_turn(http, url, chunks)
                 results["gateway"].append(turn["elapsed"])
+                results["gateway_cpu"].append(process_cpu(server_pid) - cpu)  # (read at once: the run has ended)
                 results["frames"].append(turn["frames"])
     finally:
         for bare in bares.values():
@@ -339,7 +361,7 @@ def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str,
         try:
             assert server.stdout is not None
             url = server.stdout.readline().strip()
-            results = asyncio.run(fast_runs(url, agent, chunks, repeat))
+            results = asyncio.run(fast_runs(url, server.pid, agent, chunks, repeat))
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -355,6 +377,8 @@ def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str,
         runs = ", ".join(f"{t:.3f}" for t in results[key])
         print(f"{label:36s} {medians[key]:.3f} s  {chunks / medians[key]:>10,.0f} chunks/s   ({runs})")
     print(f"SSE frames per gateway turn: {min(results['frames']):,.0f}-{max(results['frames']):,.0f}")
+    print(f"CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
+          f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)")
     print(f"ratio gateway / bare (json.loads): {medians['gateway'] / medians['parse']:.2f}"
           f"   (per alternation: {', '.join(f'{r:.2f}' for r in pairs)})")
     print(f"ratio gateway / bare (lines counted): {medians['gateway'] / medians['count']:.2f}")
