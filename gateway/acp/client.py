@@ -250,7 +250,7 @@ class AcpProcess:
         if set_size is None:
             return
         with contextlib.suppress(Exception):  # an older kernel, a lower pipe-max-size, a private API moved
-            transport = self._proc._transport.get_pipe_transport(1)  # type: ignore[union-attr]
+            transport = self._proc._transport.get_pipe_transport(1)  # type: ignore[union-attr,attr-defined]
             fcntl.fcntl(transport.get_extra_info("pipe").fileno(), set_size, PIPE_BYTES)
 
     async def __aenter__(self) -> AcpProcess:

@@ -37,8 +37,8 @@ merges deltas whose payloads differ only in ``text``):
   (``annotations``, ``_meta``) is the rest of it kept as ``content``, without
   its text — equal from chunk to chunk, so merging still applies;
 * any other block (image, audio, resource, resource link) stays whole in
-  ``content``, with ``text`` ``""`` (never merged: it differs from its
-  neighbours);
+  ``content``, with ``text`` ``""`` (so it merges only with a neighbour that
+  carries the very same block);
 * a list of blocks (not ACP, tolerated) stays whole in ``content``, with
   ``text`` the concatenation of its text blocks.
 
