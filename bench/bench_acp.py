@@ -1,6 +1,7 @@
 """ACP benchmarks: the gateway's cost over a bare ACP client, and second-turn latency by session mode.
 
     python bench/bench_acp.py flood [--chunks 10000] [--repeat 5]
+    python bench/bench_acp.py fast [--chunks 60000] [--repeat 5] [--write block|line|encode ...]
     python bench/bench_acp.py turns [--agent reasonix --agent hermes] [--repeat 3]
     python bench/bench_acp.py all
 
@@ -8,6 +9,14 @@
 --behaviour flood`, prompt "flood N"), read (a) by a bare `agent_gateway.acp.AcpProcess` and (b) through a
 gateway process (journalled, streamed to one SSE client in this process). Both on a warm agent
 process (the first turn, which starts it, is not timed); the figure is the median turn time.
+
+`fast`: one turn of N chunks from bench/_fast_acp_agent.py, a raw stdio ACP agent (no SDK) that
+writes as fast as it can (`--write`: pre-encoded blocks, one pre-encoded line a write, or each line
+encoded on its own). Three figures per repetition, alternating, on warm agent processes: prompt sent
+-> prompt response read by a bare asyncio reader of the agent's stdout that (a) only counts lines
+or (b) parses every line with `json.loads` (the least any JSON-RPC client does), and (c) `POST
+/v1/runs` -> the run's terminal event on its SSE stream (a raw-socket client counting frames),
+through a gateway process running the agent as an ACP runtime. Medians; the ratio is (c) / (b).
 
 `turns`: the latency of a turn with the real Reasonix / Hermes (installed by contrib/peers/install.sh)
 on a fake LLM, by how the gateway found the agent session: `native_live` (the next turn on a live
@@ -24,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -43,6 +53,11 @@ from agent_gateway.acp.client import AcpProcess  # noqa: E402
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply  # noqa: E402
 
 FAKE_AGENT = [sys.executable, str(ROOT / "contrib" / "fake_acp_agents" / "agent.py"), "--behaviour", "flood"]
+# A raw stdio writer (bench/_fast_acp_agent.py; `--standalone N` prints its rate), by how it writes.
+FAST_MODES = ("block", "line", "encode")
+AGENTS = {"flood": FAKE_AGENT} | {
+    f"fast-{mode}": [sys.executable, str(HERE / "_fast_acp_agent.py"), "--mode", mode] for mode in FAST_MODES
+}
 BINARIES = {"reasonix": ("REASONIX_BIN", "reasonix"), "hermes": ("HERMES_ACP_BIN", "hermes-acp")}
 
 
@@ -76,12 +91,14 @@ async def bare_client(chunks: int, repeat: int) -> list[float]:
     return times
 
 
-def serve_flood(data_dir: str, state_dir: str) -> None:
-    """A gateway process with the fake flood agent as ACP runtime `flood` (the `serve-flood` mode)."""
+def serve_flood(data_dir: str, state_dir: str, agent: str = "flood") -> None:
+    """A gateway process with the fake flood agent (or `fast`: bench/_fast_acp_agent.py) as ACP runtime
+    `flood` (the `serve-flood` mode), the garbage collector tuned as `agent-gateway serve` does."""
     from aiohttp import web
 
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
     from agent_gateway.app import create_app
+    from agent_gateway.cli import tune_gc_for_serving
     from agent_gateway.config import Config
     from agent_gateway.hookspecs import hookimpl
     from agent_gateway.plugin_host import PluginHost
@@ -89,7 +106,8 @@ def serve_flood(data_dir: str, state_dir: str) -> None:
     class FloodPlugin:
         @hookimpl
         def register_runtimes(self, register: Any, config: Any) -> None:
-            spec = AcpAgentSpec("flood", "Flood", "fake", FAKE_AGENT, env=fake_agent_env(state_dir), process_dir=ROOT)
+            command = AGENTS[agent]
+            spec = AcpAgentSpec("flood", "Flood", "fake", command, env=fake_agent_env(state_dir), process_dir=ROOT)
             register(AcpRuntime(spec))
 
         @hookimpl
@@ -102,6 +120,7 @@ def serve_flood(data_dir: str, state_dir: str) -> None:
         app = create_app(config, PluginHost.load(env={}, extra=(FloodPlugin(),)))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
+        tune_gc_for_serving()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
@@ -181,6 +200,189 @@ def bench_flood(chunks: int, repeat: int) -> None:
         f"{min(events)}-{max(events)} SSE events per turn)"
     )
     print(f"ratio gateway/bare: {gateway_median / bare_median:.2f}")
+
+
+# -- 1b. fast: a fast agent, gateway vs a bare reader ------------------------------------------------
+
+TERMINAL_FRAMES = (b"event: run.completed", b"event: run.failed", b"event: run.cancelled", b"event: run.interrupted")
+DATA_LINE = b"\ndata: "
+RESPONSE_PREFIX = b'{"jsonrpc":"2.0","id":'  # how the fast agent starts a response line (notifications: "method")
+
+
+class BareReader:
+    """The baseline: a minimal asyncio ACP client of the fast agent, no gateway code. `parse` reads
+    its stdout line by line (`StreamReader.readline`) and parses every line (`json.loads`), as any
+    JSON-RPC client must to tell the updates from the response, counting the chunks' text until the
+    prompt's response; `count` only counts lines until the response line (the pipe's own rate)."""
+
+    def __init__(self, mode: str, agent: list[str]) -> None:
+        self.mode = mode
+        self.agent = agent
+        self.next_id = 0
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.agent, stdin=subprocess.PIPE, stdout=subprocess.PIPE, limit=1 << 24
+        )
+        await self.call("initialize", {"protocolVersion": 1, "clientCapabilities": {}})
+        self.session_id = (await self.call("session/new", {"cwd": str(ROOT), "mcpServers": []}))["sessionId"]
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.next_id += 1
+        message = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        await self.proc.stdin.drain()
+        return json.loads(await self.proc.stdout.readline())["result"]
+
+    async def turn(self, chunks: int) -> float:
+        """Prompt sent → prompt response read; checks every chunk arrived."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.next_id += 1
+        prompt = {"sessionId": self.session_id, "prompt": [{"type": "text", "text": f"flood {chunks}"}]}
+        request = json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": "session/prompt", "params": prompt})
+        readline = self.proc.stdout.readline
+        received = 0
+        start = time.perf_counter()
+        self.proc.stdin.write(request.encode() + b"\n")
+        if self.mode == "count":
+            while not (await readline()).startswith(RESPONSE_PREFIX):
+                received += 1
+        else:
+            loads = json.loads
+            while True:
+                message = loads(await readline())
+                if "id" in message:
+                    assert message["result"]["stopReason"] == "end_turn", message
+                    break
+                received += len(message["params"]["update"]["content"]["text"])
+        elapsed = time.perf_counter() - start
+        assert received == chunks, (received, chunks)
+        return elapsed
+
+    async def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        await self.proc.wait()
+
+
+async def sse_turn(http: aiohttp.ClientSession, url: str, chunks: int, mode: str = "native_live") -> dict[str, Any]:
+    """POST a run, read its SSE stream on a raw socket to the terminal event (frames counted with
+    `bytes.count`, so that this client is not the bottleneck); then check the text and the receipt."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = {"requestId": uuid.uuid4().hex, "agentId": "flood", "sessionId": "bench", "message": f"flood {chunks}"}
+    start = time.perf_counter()
+    async with http.post(f"{url}/v1/runs", json=body) as response:
+        assert response.status == 201, await response.text()
+        run_id = (await response.json())["hostRunId"]
+    writer.write(f"GET /v1/runs/{run_id}/stream HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    frames, carry = 0, b""
+    keep = max(len(DATA_LINE), *(len(t) for t in TERMINAL_FRAMES)) + 64
+    while True:
+        block = await reader.read(1 << 18)
+        if not block:
+            raise RuntimeError("the stream ended before the run's terminal event")
+        window = carry + block
+        frames += window.count(DATA_LINE) - carry.count(DATA_LINE)
+        terminal = max(window.rfind(t) for t in TERMINAL_FRAMES)
+        if terminal >= 0 and b"\n\n" in window[terminal:]:
+            break
+        carry = window[-keep:]
+    elapsed = time.perf_counter() - start
+    writer.close()
+    async with http.get(f"{url}/v1/runs/{run_id}") as response:
+        receipt = await response.json()
+    assert receipt["status"] == "completed" and receipt["sessionMode"] == mode, receipt
+    async with http.get(f"{url}/v1/runs/{run_id}/events?afterSeq={chunks}&limit=50") as response:
+        tail = (await response.json())["events"]
+    completed = [e["payload"]["text"] for e in tail if e["kind"] == "message.completed"]
+    assert completed == ["x" * chunks], [len(t) for t in completed]
+    return {"elapsed": elapsed, "frames": frames}
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def fast_runs(url: str, server_pid: int, agent: list[str], chunks: int, repeat: int) -> dict[str, list[float]]:
+    """Alternating turns. Besides wall times, the CPU seconds each side spent: the bare reader's (this
+    process) and the gateway process's (every thread; not the SSE client's): less sensitive than
+    wall time to other load on the machine."""
+    results: dict[str, list[float]] = {
+        "count": [], "parse": [], "gateway": [], "frames": [], "parse_cpu": [], "gateway_cpu": []
+    }
+    bares = {mode: BareReader(mode, agent) for mode in ("count", "parse")}
+    for bare in bares.values():
+        await bare.start()
+        await bare.turn(100)  # warm-up
+    timeout = aiohttp.ClientTimeout(total=600)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            await sse_turn(http, url, 100, "new_session")  # starts the agent process: not timed
+            for _ in range(repeat):  # alternating, so that each figure sees the same load
+                for mode, bare in bares.items():
+                    cpu = own_cpu()
+                    results[mode].append(await bare.turn(chunks))
+                    if mode == "parse":
+                        results["parse_cpu"].append(own_cpu() - cpu)
+                cpu = process_cpu(server_pid)
+                turn = await sse_turn(http, url, chunks)
+                results["gateway"].append(turn["elapsed"])
+                results["gateway_cpu"].append(process_cpu(server_pid) - cpu)  # (read at once: the run has ended)
+                results["frames"].append(turn["frames"])
+    finally:
+        for bare in bares.values():
+            await bare.close()
+    return results
+
+
+def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str, Any]:
+    agent = AGENTS[f"fast-{write_mode}"]
+    agent_rate = subprocess.run(
+        [*agent, "--standalone", str(max(chunks, 200_000))], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    load_before = Path("/proc/loadavg").read_text().split()[0]
+    with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as state_dir:
+        server = subprocess.Popen(
+            [sys.executable, __file__, "serve-flood", data_dir, state_dir, f"fast-{write_mode}"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert server.stdout is not None
+            url = server.stdout.readline().strip()
+            results = asyncio.run(fast_runs(url, server.pid, agent, chunks, repeat))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    load_after = Path("/proc/loadavg").read_text().split()[0]
+    medians = {key: statistics.median(values) for key, values in results.items()}
+    pairs = [g / b for g, b in zip(results["gateway"], results["parse"], strict=True)]
+    print(f"== fast ({write_mode}): one turn of {chunks:,} chunks from bench/_fast_acp_agent.py --mode {write_mode}, "
+          f"median of {repeat} alternating runs"
+          f" (load {load_before} -> {load_after})")
+    print(agent_rate)
+    for key, label in (("count", "bare reader, lines counted"), ("parse", "bare reader, json.loads per line"),
+                       ("gateway", "gateway, journalled, 1 SSE client")):
+        runs = ", ".join(f"{t:.3f}" for t in results[key])
+        print(f"{label:36s} {medians[key]:.3f} s  {chunks / medians[key]:>10,.0f} chunks/s   ({runs})")
+    print(f"SSE frames per gateway turn: {min(results['frames']):,.0f}-{max(results['frames']):,.0f}")
+    print(f"CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
+          f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)")
+    print(f"ratio gateway / bare (json.loads): {medians['gateway'] / medians['parse']:.2f}"
+          f"   (per alternation: {', '.join(f'{r:.2f}' for r in pairs)})")
+    print(f"ratio gateway / bare (lines counted): {medians['gateway'] / medians['count']:.2f}")
+    return {"results": results, "medians": medians, "pairs": pairs}
 
 
 # -- 2. second-turn latency by session mode, real agents -------------------------------------------
@@ -281,16 +483,22 @@ def bench_turns(agents: list[str], repeat: int) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "serve-flood":
-        serve_flood(sys.argv[2], sys.argv[3])
+        serve_flood(*sys.argv[2:5])
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("which", choices=("flood", "turns", "all"))
-    parser.add_argument("--chunks", type=int, default=10_000)
+    parser.add_argument("which", choices=("flood", "fast", "turns", "all"))
+    parser.add_argument("--chunks", type=int, default=0, help="default: 10,000 for flood, 60,000 for fast")
     parser.add_argument("--repeat", type=int, default=0, help="default: 5 for flood, 3 for turns")
     parser.add_argument("--agent", action="append", choices=sorted(BINARIES), help="default: both")
+    parser.add_argument(
+        "--write", action="append", choices=FAST_MODES, help="fast: how the agent writes (default: every mode)"
+    )
     args = parser.parse_args()
     if args.which in ("flood", "all"):
-        bench_flood(args.chunks, args.repeat or 5)
+        bench_flood(args.chunks or 10_000, args.repeat or 5)
+    if args.which in ("fast", "all"):
+        for write_mode in args.write or FAST_MODES:
+            bench_fast(args.chunks or 60_000, args.repeat or 5, write_mode)
     if args.which in ("turns", "all"):
         bench_turns(args.agent or sorted(BINARIES), args.repeat or 3)
 

@@ -136,6 +136,25 @@ class Turn:
                 pass  # storage is behind: wait for room
         await self._emit(kind, payload, source)
 
+    def emit_nowait(self, kind: str, payload: dict[str, Any], source: str | None = None) -> bool:
+        """`emit` without awaiting, for a runtime that handles many events in one go: appends and
+        returns True when the journal has room; returns False, having appended nothing, when the
+        caller must `await emit(...)` instead (storage is behind)."""
+        emit_nowait = self._emit_nowait
+        if emit_nowait is None or kind in TERMINAL_KINDS:
+            return False
+        try:
+            emit_nowait(kind, payload, source or self.run.agent_id)
+        except JournalFull:
+            return False
+        if source != "adapter_replay":
+            if kind == "message.delta":
+                text = payload.get("text", "")
+                self._text_parts.append(text if type(text) is str else str(text))
+            elif kind == "message.completed" and "text" in payload:
+                self.final_text = str(payload["text"])
+        return True
+
     @property
     def assistant_text(self) -> str:
         return self.final_text if self.final_text is not None else "".join(self._text_parts)

@@ -290,6 +290,53 @@ async def test_reader_survives_garbage_and_failing_callbacks(tmp_path: Path) -> 
         assert notes == [("vendor/ping", {"n": 1})] * 2
 
 
+async def test_reader_splits_blocks_into_lines_in_order_and_awaits_a_slow_handler(tmp_path: Path) -> None:
+    # A hand-written agent: updates in one write, a line split over two writes, blank and CRLF
+    # lines, an integer beyond 64 bits (which orjson refuses), then the answer, then a last
+    # update with no newline before EOF.
+    script = tmp_path / "blocks.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "def upd(i, **extra):\n"
+        "    u = {'sessionUpdate': 'agent_message_chunk', 'content': {'type': 'text', 'text': f'{i},'}, **extra}\n"
+        "    return json.dumps({'jsonrpc': '2.0', 'method': 'session/update',\n"
+        "                       'params': {'sessionId': 's', 'update': u}}).encode()\n"
+        "msg = json.loads(sys.stdin.readline())\n"
+        "out = sys.stdout.fileno()\n"
+        "os.write(out, b'\\n'.join(upd(i) for i in range(500)) + b'\\n\\n  \\r\\n')\n"
+        "half = upd(500)\n"
+        "os.write(out, half[:40])\n"
+        "sys.stdin.readline()\n"  # the test's go-ahead: the rest of the line comes in a later read
+        "os.write(out, half[40:] + b'\\r\\n' + upd(501, big=2**70) + b'\\n')\n"
+        "os.write(out, json.dumps({'jsonrpc': '2.0', 'id': msg['id'], 'result': {'n': 502}}).encode() + b'\\n')\n"
+        "os.write(out, upd(502))\n"
+    )
+    seen: list[str] = []
+    bigs: list[int] = []
+    first_half = asyncio.Event()
+
+    async def slow_handler(session_id: str, update: dict[str, Any]) -> None:
+        await asyncio.sleep(0)  # a handler that awaits: the next line waits for it
+        seen.append(update["content"]["text"])
+        if "big" in update:
+            bigs.append(update["big"])
+        if len(seen) == 500:
+            first_half.set()
+
+    async with AcpProcess([sys.executable, str(script)], on_update=slow_handler) as proc:
+        answer = asyncio.ensure_future(proc.request("go", {}, timeout=WAIT))
+        async with asyncio.timeout(WAIT):
+            await first_half.wait()
+        assert proc._proc is not None and proc._proc.stdin is not None
+        proc._proc.stdin.write(b"\n")
+        assert await answer == {"n": 502}
+        assert seen == [f"{i}," for i in range(502)]  # every update before the answer, in order
+        assert bigs == [2**70]
+        assert await proc.wait_closed(timeout=WAIT) == 0
+    assert seen == [f"{i}," for i in range(503)]  # the last line, cut short by EOF, still counts
+    assert proc.protocol_errors == 0
+
+
 # ---------------------------------------------------------------------------- sessions
 
 
@@ -542,20 +589,35 @@ async def test_close_kills_a_stubborn_agent_and_fails_pending() -> None:
 @pytest.mark.parametrize(
     ("update", "kind", "payload"),
     [
+        # Chunks: shaped like every runtime's deltas ({text}), so that consecutive ones merge.
         (
             {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "hi"}},
             "message.delta",
-            {"content": {"type": "text", "text": "hi"}, "text": "hi"},
+            {"text": "hi"},
         ),
         (
             {"sessionUpdate": "agent_thought_chunk", "content": {"type": "text", "text": "hmm"}, "messageId": "m1"},
             "thought.delta",
-            {"content": {"type": "text", "text": "hmm"}, "messageId": "m1", "text": "hmm"},
+            {"text": "hmm", "messageId": "m1"},
         ),
-        (
+        (  # the block's other fields stay, without its text (equal from chunk to chunk)
+            {
+                "sessionUpdate": "agent_message_chunk",
+                "content": {"type": "text", "text": "a", "annotations": {"priority": 1}},
+                "_meta": {"k": 1},
+            },
+            "message.delta",
+            {"text": "a", "_meta": {"k": 1}, "content": {"type": "text", "annotations": {"priority": 1}}},
+        ),
+        (  # a non-text block stays whole
             {"sessionUpdate": "user_message_chunk", "content": {"type": "image", "data": "AA==", "mimeType": "x"}},
             "user.message.delta",
             {"content": {"type": "image", "data": "AA==", "mimeType": "x"}, "text": ""},
+        ),
+        (  # a text block whose text is not a string: kept whole, no text
+            {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 3}},
+            "message.delta",
+            {"content": {"type": "text", "text": 3}, "text": ""},
         ),
         (
             {

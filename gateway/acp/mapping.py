@@ -8,9 +8,9 @@ does not recognise becomes ``agent.update`` with the raw update kept whole.
 =============================  ======================  ==============================================
 ACP ``sessionUpdate``           gateway event kind      payload
 =============================  ======================  ==============================================
-``agent_message_chunk``         ``message.delta``       ``{text, content, ...}``
-``agent_thought_chunk``         ``thought.delta``       ``{text, content, ...}``
-``user_message_chunk``          ``user.message.delta``  ``{text, content, ...}`` (history replays)
+``agent_message_chunk``         ``message.delta``       ``{text, ...}`` (see below)
+``agent_thought_chunk``         ``thought.delta``       ``{text, ...}``
+``user_message_chunk``          ``user.message.delta``  ``{text, ...}`` (history replays)
 ``tool_call``                   ``tool.started``        every ACP field (toolCallId, title, kind,
                                                         status, content, locations, rawInput, ...)
 ``tool_call_update``            ``tool.updated``        every ACP field; status pending/in_progress
@@ -28,14 +28,26 @@ anything else / malformed       ``agent.update``        ``{raw: <the update as r
 
 For the known kinds the payload is the ACP update itself minus its
 ``sessionUpdate`` discriminator (so ``_meta``, ``messageId`` and any future
-fields survive). For the three chunk kinds a ``text`` field is added: the
-concatenated ``text`` of the ``{"type": "text", "text": ...}`` content
-block(s); it is ``""`` for non-text content (images, resources), whose block is
-still in ``content``.
+fields survive). The three chunk kinds are shaped like every other runtime's
+deltas, so that consecutive ones merge for a client that falls behind (the bus
+merges deltas whose payloads differ only in ``text``):
+
+* a text block (``{"type": "text", "text": ...}``) becomes ``text``; the block
+  itself is not repeated. Only if it carries more than its type and text
+  (``annotations``, ``_meta``) is the rest of it kept as ``content``, without
+  its text — equal from chunk to chunk, so merging still applies;
+* any other block (image, audio, resource, resource link) stays whole in
+  ``content``, with ``text`` ``""`` (so it merges only with a neighbour that
+  carries the very same block);
+* a list of blocks (not ACP, tolerated) stays whole in ``content``, with
+  ``text`` the concatenation of its text blocks.
+
+The update's own other fields (``messageId``, ``_meta``) are kept as they are.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["UPDATE_KINDS", "extract_text", "map_update"]
@@ -56,7 +68,6 @@ UPDATE_KINDS: dict[str, str] = {
     "config_option_update": "config.updated",
 }
 
-_CHUNK_KINDS = frozenset({"agent_message_chunk", "agent_thought_chunk", "user_message_chunk"})
 _TOOL_TERMINAL_STATUSES = frozenset({"completed", "failed"})
 
 
@@ -74,6 +85,67 @@ def extract_text(content: Any) -> str:
     return ""
 
 
+def _chunk_payload(update: dict[str, Any]) -> dict[str, Any]:
+    content = update.get("content")
+    if type(content) is dict and content.get("type") == "text":
+        text = content.get("text")
+        if type(text) is str:
+            if len(update) == 2 and len(content) == 2:  # {sessionUpdate, content: {type, text}}: most chunks
+                return {"text": text}
+            payload = {"text": text}
+            for key, value in update.items():
+                if key != "sessionUpdate" and key != "content":
+                    payload[key] = value
+            if len(content) > 2:
+                payload["content"] = {key: value for key, value in content.items() if key != "text"}
+            return payload
+    payload = {"text": extract_text(content)}
+    for key, value in update.items():
+        if key != "sessionUpdate":
+            payload[key] = value
+    return payload
+
+
+def _fields(update: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in update.items() if key != "sessionUpdate"}
+
+
+def _map_message_chunk(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "message.delta", _chunk_payload(update)
+
+
+def _map_thought_chunk(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "thought.delta", _chunk_payload(update)
+
+
+def _map_user_chunk(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    return "user.message.delta", _chunk_payload(update)
+
+
+def _map_tool_call_update(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    kind = "tool.completed" if update.get("status") in _TOOL_TERMINAL_STATUSES else "tool.updated"
+    return kind, _fields(update)
+
+
+def _map_fields(kind: str) -> Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]:
+    def map_fields(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return kind, _fields(update)
+
+    return map_fields
+
+
+#: ``sessionUpdate`` → its mapper: one dict lookup per update (the hot path of a streaming turn).
+_MAPPERS: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+    tag: _map_fields(kind) for tag, kind in UPDATE_KINDS.items()
+}
+_MAPPERS.update(
+    agent_message_chunk=_map_message_chunk,
+    agent_thought_chunk=_map_thought_chunk,
+    user_message_chunk=_map_user_chunk,
+    tool_call_update=_map_tool_call_update,
+)
+
+
 def map_update(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Map one raw ACP ``session/update`` ``update`` object to ``(kind, payload)``.
 
@@ -82,12 +154,7 @@ def map_update(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     if not isinstance(update, dict):
         return "agent.update", {"raw": update}
     tag = update.get("sessionUpdate")
-    kind = UPDATE_KINDS.get(tag) if isinstance(tag, str) else None
-    if kind is None:
+    mapper = _MAPPERS.get(tag) if type(tag) is str else None
+    if mapper is None:
         return "agent.update", {"raw": update}
-    payload = {key: value for key, value in update.items() if key != "sessionUpdate"}
-    if tag in _CHUNK_KINDS:
-        payload["text"] = extract_text(update.get("content"))
-    elif tag == "tool_call_update" and update.get("status") in _TOOL_TERMINAL_STATUSES:
-        kind = "tool.completed"
-    return kind, payload
+    return mapper(update)

@@ -29,7 +29,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -788,15 +788,19 @@ class AcpRuntime:
         return [{"type": "text", "text": prompt_text(turn)}]
 
     # -- agent → client ------------------------------------------------------------------------
-    async def _on_update(self, binding: Binding, session_id: str, update: dict[str, Any]) -> None:
+    def _on_update(self, binding: Binding, session_id: str, update: dict[str, Any]) -> Awaitable[None] | None:
+        """Journal one update, synchronously while the journal has room (the ACP reader then
+        goes on with the next line at once); otherwise the awaitable that waits for room."""
         if binding.replay is not None:
             binding.replay.append(update)
-            return
+            return None
         turn = binding.turn
         if turn is None or session_id != binding.agent_session_id:
-            return  # between turns (e.g. a late available_commands_update): nothing to journal it in
+            return None  # between turns (e.g. a late available_commands_update): nothing to journal it in
         kind, payload = map_update(update)
-        await turn.emit(kind, payload)
+        if turn.emit_nowait(kind, payload):
+            return None
+        return turn.emit(kind, payload)
 
     async def _on_permission(self, binding: Binding, params: dict[str, Any]) -> dict[str, Any]:
         turn = binding.turn
