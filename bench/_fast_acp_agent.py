@@ -106,8 +106,16 @@ def serve(mode: str) -> None:
             write_chunks(out, lines[params["sessionId"]], prompt_count(params), mode)
             result = {"stopReason": "end_turn"}
         else:
-            _write_all(out, encode({"jsonrpc": "2.0", "id": request_id,
-                                    "error": {"code": -32601, "message": f"Method not found: {method}"}}))
+            _write_all(
+                out,
+                encode(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": request_id,
+                        "error": {"code": -32601, "message": f"Method not found: {method}"},
+                    }
+                ),
+            )
             continue
         _write_all(out, encode({"jsonrpc": "2.0", "id": request_id, "result": result}))
 
@@ -130,8 +138,10 @@ def standalone(count: int, mode: str) -> None:
     os.close(read_fd)
     assert counted[0] == count, (counted[0], count)
     how = f"{BLOCK_LINES} pre-encoded lines a write" if mode == "block" else WRITES[mode]
-    print(f"fast ACP agent ({mode}: {how}): {count:,} agent_message_chunk lines in {elapsed:.3f} s = "
-          f"{count / elapsed:,.0f} lines/s")
+    print(
+        f"fast ACP agent ({mode}: {how}): {count:,} agent_message_chunk lines in {elapsed:.3f} s = "
+        f"{count / elapsed:,.0f} lines/s"
+    )
 
 
 WRITES = {"block": "", "line": "one pre-encoded line a write", "encode": "each line encoded and written on its own"}

@@ -317,7 +317,12 @@ async def fast_runs(url: str, server_pid: int, agent: list[str], chunks: int, re
     process) and the gateway process's (every thread; not the SSE client's): less sensitive than
     wall time to other load on the machine."""
     results: dict[str, list[float]] = {
-        "count": [], "parse": [], "gateway": [], "frames": [], "parse_cpu": [], "gateway_cpu": []
+        "count": [],
+        "parse": [],
+        "gateway": [],
+        "frames": [],
+        "parse_cpu": [],
+        "gateway_cpu": [],
     }
     bares = {mode: BareReader(mode, agent) for mode in ("count", "parse")}
     for bare in bares.values():
@@ -368,19 +373,28 @@ def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str,
     load_after = Path("/proc/loadavg").read_text().split()[0]
     medians = {key: statistics.median(values) for key, values in results.items()}
     pairs = [g / b for g, b in zip(results["gateway"], results["parse"], strict=True)]
-    print(f"== fast ({write_mode}): one turn of {chunks:,} chunks from bench/_fast_acp_agent.py --mode {write_mode}, "
-          f"median of {repeat} alternating runs"
-          f" (load {load_before} -> {load_after})")
+    print(
+        f"== fast ({write_mode}): one turn of {chunks:,} chunks from bench/_fast_acp_agent.py --mode {write_mode}, "
+        f"median of {repeat} alternating runs"
+        f" (load {load_before} -> {load_after})"
+    )
     print(agent_rate)
-    for key, label in (("count", "bare reader, lines counted"), ("parse", "bare reader, json.loads per line"),
-                       ("gateway", "gateway, journalled, 1 SSE client")):
+    for key, label in (
+        ("count", "bare reader, lines counted"),
+        ("parse", "bare reader, json.loads per line"),
+        ("gateway", "gateway, journalled, 1 SSE client"),
+    ):
         runs = ", ".join(f"{t:.3f}" for t in results[key])
         print(f"{label:36s} {medians[key]:.3f} s  {chunks / medians[key]:>10,.0f} chunks/s   ({runs})")
     print(f"SSE frames per gateway turn: {min(results['frames']):,.0f}-{max(results['frames']):,.0f}")
-    print(f"CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
-          f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)")
-    print(f"ratio gateway / bare (json.loads): {medians['gateway'] / medians['parse']:.2f}"
-          f"   (per alternation: {', '.join(f'{r:.2f}' for r in pairs)})")
+    print(
+        f"CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
+        f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)"
+    )
+    print(
+        f"ratio gateway / bare (json.loads): {medians['gateway'] / medians['parse']:.2f}"
+        f"   (per alternation: {', '.join(f'{r:.2f}' for r in pairs)})"
+    )
     print(f"ratio gateway / bare (lines counted): {medians['gateway'] / medians['count']:.2f}")
     return {"results": results, "medians": medians, "pairs": pairs}
 
