@@ -26,12 +26,16 @@ from typing import Any
 from aiohttp import web
 
 from agent_gateway.errors import ApiError
+from agent_gateway.mcp import MCP_PATH
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CLIENT_HEADER = "X-Agent-Gateway-Client"
 CORS_ALLOWED_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID", CLIENT_HEADER, "Mcp-Session-Id")
 CORS_METHODS = "GET, POST, PUT, PATCH, DELETE, OPTIONS"
 CORS_MAX_AGE = "600"
+# Paths that always need a run-scoped lease token (never a cookie or ambient credential), so a
+# page cannot forge a request there anyway; their own 401 is the better answer to a bare call.
+LEASE_AUTHENTICATED_PATHS = frozenset({MCP_PATH})
 
 
 def host_name(host_header: str) -> str:
@@ -92,6 +96,7 @@ class BrowserGuard:
             bodyless = not request.body_exists
             if (
                 self.require_client_signal
+                and request.path not in LEASE_AUTHENTICATED_PATHS
                 and bodyless
                 and request.content_type != "application/json"
                 and CLIENT_HEADER not in request.headers

@@ -111,3 +111,12 @@ def test_config_check_refuses_bad_origins_and_hosts() -> None:
     problems = "\n".join(config.problems())
     assert "gateway.cors_origins: 'notes.example' is not an origin" in problems
     assert "gateway.allowed_hosts: must be a list of host names" in problems
+
+
+async def test_the_mcp_surface_answers_its_own_401_to_a_bare_call(make_gateway: MakeGateway) -> None:
+    """/v1/mcp always needs a run's lease token, so the body-less rule does not stand in front
+    of it: a bare DELETE gets the MCP surface's own 401, as its OpenAPI entry says."""
+    client = await make_gateway()
+    response = await client.delete("/v1/mcp")
+    assert response.status == 401, await response.text()
+    assert "WWW-Authenticate" in response.headers
