@@ -35,6 +35,8 @@ from playhouse import db_url
 
 from agent_gateway import Event, RequestConflict, Run, now_ms
 
+from .sessions import SessionIndexMixin
+
 SQLITE_SCHEMES = frozenset({"sqlite"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})
 SUPPORTED_SCHEMES = SQLITE_SCHEMES | POSTGRES_SCHEMES
@@ -242,7 +244,7 @@ def build_models(database: peewee.Database, prefix: str, schema: str | None) -> 
 # -- the storage ------------------------------------------------------------------------------------
 
 
-class PeeweeStorage:
+class PeeweeStorage(SessionIndexMixin):
     """:class:`gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
@@ -323,6 +325,7 @@ class PeeweeStorage:
                 if self.schema:
                     self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 self.database.create_tables(self.models.all(), safe=True)
+                self._open_session_index()
             self._opened = True
 
     def close(self) -> None:
