@@ -5,12 +5,16 @@ delete, the agent-session delete offered only when the runtime declares it, and 
 from __future__ import annotations
 
 import asyncio
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from tests._harness import FAKE_ACP_AGENT
 from tests.conftest import WAIT, gateway_of, run_to_end
 
 ALICE, BOB = "tok-alice-0123456789", "tok-bob-000123456789"
@@ -298,3 +302,48 @@ async def test_transcript_projection_on_events_and_stream(make_gateway: Any) -> 
 async def test_sessions_need_a_token(make_gateway: Any, path: str) -> None:
     client, _plugin = await gateway(make_gateway, "sqlite")
     assert (await client.get(path)).status == 401
+
+
+async def test_acp_agent_session_delete_when_the_agent_declares_it(make_gateway: Any, tmp_path: Path) -> None:
+    """A real ACP agent process: `sessionCapabilities.delete` declared → offered and sent as
+    `session/delete`; not declared → 409, and the agent's store is untouched."""
+    state = tmp_path / "agent-state"
+
+    def agent(agent_id: str, *flags: str) -> AcpRuntime:
+        command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", "replay", *flags]
+        env = {"FAKE_ACP_STATE_DIR": str(state)}
+        return AcpRuntime(AcpAgentSpec(agent_id, agent_id, "tests", command, env=env, session_timeout=WAIT))
+
+    class AcpAgents:
+        @hookimpl
+        def register_runtimes(self, register: Any, config: Any) -> None:
+            register(agent("acp-del", "--session-delete"))
+            register(agent("acp-plain"))
+
+    client = await make_gateway(extra_plugins=(AcpAgents(),), tokens=TOKENS)
+    await run_to_end(client, body("with-del", "hello", "d1", agent="acp-del"), headers=auth(ALICE))
+    await run_to_end(client, body("no-del", "hello", "n1", agent="acp-plain"), headers=auth(ALICE))
+
+    plain = (await get_json(client, "/v1/sessions/no-del"))["binding"]
+    assert plain["agentSessionDelete"] is False and plain["agentSessionId"]
+    response = await client.delete("/v1/sessions/no-del/agent-session", headers=auth(ALICE))
+    assert response.status == 409 and (await response.json())["error"]["code"] == "not_supported"
+    assert (state / f"{plain['agentSessionId']}.json").exists()
+
+    binding = (await get_json(client, "/v1/sessions/with-del"))["binding"]
+    assert binding["agentSessionDelete"] is True
+    stored = state / f"{binding['agentSessionId']}.json"
+    assert stored.exists()
+    response = await client.delete("/v1/sessions/with-del/agent-session", headers=auth(BOB))
+    assert response.status == 404
+    response = await client.delete("/v1/sessions/with-del/agent-session", headers=auth(ALICE))
+    assert response.status == 200, await response.text()
+    assert (await response.json())["agentSessionId"] == binding["agentSessionId"]
+    assert not stored.exists()  # the agent deleted it from its own store
+    # The gateway's history stays: the next turn starts a new agent session, given the gateway's
+    # transcript (cold resume), not a load of the deleted one.
+    _receipt, events = await run_to_end(client, body("with-del", "again", "d2", agent="acp-del"), headers=auth(ALICE))
+    modes = [e["data"]["payload"]["sessionMode"] for e in events if e["event"] == "session.info.updated"]
+    assert modes[-1] == "cold_resumed"
+    detail = await get_json(client, "/v1/sessions/with-del")
+    assert len(detail["runs"]) == 2 and detail["binding"]["agentSessionId"] != binding["agentSessionId"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
 from agent_gateway.errors import ApiError, read_json
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps
 from agent_gateway.runs import MAX_ID_LENGTH
@@ -336,12 +337,9 @@ class SessionRoutes:
             "agentSessionDelete": self._can_delete_agent_session(row["agent_id"]),
         }
 
-    def _can_delete_agent_session(self, agent_id: str) -> bool:
+    def _can_delete_agent_session(self, agent_id: str) -> bool | None:
         runtime = self.gw.runtimes.get(agent_id)
-        declared = getattr(runtime, "can_delete_agent_session", None)
-        if callable(declared):
-            declared = declared()
-        return bool(declared) and callable(getattr(runtime, "delete_agent_session", None))
+        return declares_delete(runtime) if runtime is not None else False
 
     async def get(self, request: web.Request) -> web.Response:
         actor_id, session_id, row = await self._row(request)
@@ -425,10 +423,9 @@ class SessionRoutes:
     async def delete_agent_session(self, request: web.Request) -> web.Response:
         actor_id, session_id, row = await self._row(request)
         agent_id = row["agent_id"]
-        if not self._can_delete_agent_session(agent_id):
-            raise ApiError(
-                409, "not_supported", f"agent {agent_id!r} does not offer deleting its own sessions", agentId=agent_id
-            )
+        runtime = self.gw.runtimes.get(agent_id)
+        if runtime is None or self._can_delete_agent_session(agent_id) is False:
+            raise _not_offered(agent_id)
         await self._refuse_active(actor_id, session_id)
         storage = self.gw.storage
         record = await self._db(storage.get_session, actor_id, session_id) or {}
@@ -437,9 +434,10 @@ class SessionRoutes:
         agent_session_id = state.get("agentSessionId")
         if not isinstance(agent_session_id, str) or not agent_session_id:
             raise ApiError(404, "agent_session_not_found", "the gateway holds no agent session id for this session")
-        runtime = self.gw.runtimes[agent_id]
         try:
-            await runtime.delete_agent_session(agent_session_id, dict(state))
+            await delete_agent_session(runtime, agent_session_id, dict(state), self.gw.data_dir)
+        except NotDeclared:
+            raise _not_offered(agent_id) from None
         except Exception as exc:
             raise ApiError(
                 502, "agent_error", f"{agent_id} could not delete its session: {type(exc).__name__}: {exc}"
@@ -450,6 +448,12 @@ class SessionRoutes:
         return web.json_response(
             {"schema": "gateway.agent_session_deleted.v1", "agentId": agent_id, "agentSessionId": agent_session_id}
         )
+
+
+def _not_offered(agent_id: str) -> ApiError:
+    return ApiError(
+        409, "not_supported", f"agent {agent_id!r} does not offer deleting its own sessions", agentId=agent_id
+    )
 
 
 def to_markdown(detail: dict[str, Any]) -> str:
@@ -510,3 +514,217 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     app.router.add_delete("/v1/sessions/{session_id}", routes.delete)
     app.router.add_get("/v1/sessions/{session_id}/export", routes.export)
     app.router.add_delete("/v1/sessions/{session_id}/agent-session", routes.delete_agent_session)
+
+
+# -- OpenAPI: this module's path items, merged into /openapi.json by routes/system.py -----------------
+# (Kept here, self-contained, so gateway/openapi.json can change independently.)
+
+_ERR = {"$ref": "#/components/responses/Error"}
+_SESSION_ID = {"name": "sessionId", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
+_ERRORS = {"400": _ERR, "401": _ERR, "404": _ERR}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "SessionSummary": {
+        "type": "object",
+        "properties": {
+            "sessionId": {"type": "string"},
+            "workspaceId": {"type": "string"},
+            "agentId": {"type": "string"},
+            "agentName": {"type": ["string", "null"]},
+            "profile": {"type": ["string", "null"]},
+            "model": {"type": ["string", "null"]},
+            "title": {"type": "string"},
+            "titleCustom": {"type": "boolean"},
+            "pinned": {"type": "boolean"},
+            "runCount": {"type": "integer"},
+            "messageCount": {"type": "integer"},
+            "toolCount": {"type": "integer"},
+            "sessionMode": {"type": ["string", "null"]},
+            "lastStatus": {"type": ["string", "null"]},
+            "lastRunId": {"type": ["string", "null"]},
+            "activeRun": {"oneOf": [{"$ref": "#/components/schemas/Run"}, {"type": "null"}]},
+            "createdAt": {"type": "integer"},
+            "updatedAt": {"type": "integer"},
+            "snippet": {"type": "string", "description": "search only: HTML-escaped text, hits in <mark>"},
+            "score": {"type": "number", "description": "search only: the engine's rank"},
+        },
+    },
+    "Transcript": {
+        "type": "object",
+        "description": "gateway.transcript.v1: one run's response projection (docs/sessions.md)",
+        "properties": {
+            "schema": {"const": "gateway.transcript.v1"},
+            "hostRunId": {"type": ["string", "null"]},
+            "question": {"type": ["string", "null"]},
+            "status": {"type": "string"},
+            "answer": {"type": "object"},
+            "thoughts": {"type": "object"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "plan": {"type": ["object", "null"]},
+            "permissions": {"type": "array", "items": {"type": "object"}},
+            "citations": {"type": "array", "items": {"type": "object"}},
+            "files": {"type": "array", "items": {"type": "object"}},
+            "sessionMode": {"type": ["string", "null"]},
+            "modeHistory": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "SessionDetail": {
+        "type": "object",
+        "properties": {
+            "schema": {"type": "string"},
+            "session": {"$ref": "#/components/schemas/SessionSummary"},
+            "binding": {"type": "object"},
+            "runs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "receipt": {"$ref": "#/components/schemas/Run"},
+                        "transcript": {"$ref": "#/components/schemas/Transcript"},
+                        "events": {"type": "array", "items": {"type": "object"}},
+                    },
+                },
+            },
+        },
+    },
+    "SessionsDeleted": {
+        "type": "object",
+        "properties": {
+            "schema": {"const": "gateway.sessions_deleted.v1"},
+            "deleted": {"type": "array", "items": {"type": "string"}},
+            "notFound": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/v1/sessions": {
+        "get": {
+            "summary": "The caller's sessions: pinned first, then most recently updated; with q, a ranked search",
+            "parameters": [
+                {"name": "q", "in": "query", "schema": {"type": "string", "maxLength": MAX_QUERY}},
+                {"name": "agentId", "in": "query", "schema": {"type": "string", "maxLength": 200}},
+                {"name": "status", "in": "query", "schema": {"type": "string", "enum": sorted(STATUS_FILTERS)}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}},
+                {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            ],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "schema": {"const": "gateway.sessions.v1"},
+                            "sessions": {"type": "array", "items": {"$ref": "#/components/schemas/SessionSummary"}},
+                            "nextCursor": {"type": ["string", "null"]},
+                        },
+                    },
+                    "A page of sessions",
+                ),
+                "400": _ERR,
+                "401": _ERR,
+            },
+        }
+    },
+    "/v1/sessions:delete": {
+        "post": {
+            "summary": "Delete the gateway's history of several sessions (all refused if one has an active run)",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["sessionIds"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "sessionIds": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "maxItems": MAX_BULK,
+                                    "items": {"type": "string", "maxLength": 200},
+                                }
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json({"$ref": "#/components/schemas/SessionsDeleted"}, "What was deleted"),
+                "400": _ERR,
+                "401": _ERR,
+                "409": _ERR,
+            },
+        }
+    },
+    "/v1/sessions/{sessionId}": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "summary": "A session: its runs' transcripts in order and the runtime binding",
+            "responses": {"200": _json({"$ref": "#/components/schemas/SessionDetail"}, "The session"), **_ERRORS},
+        },
+        "patch": {
+            "summary": "Rename (title; empty: the default) and/or pin a session",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "minProperties": 1,
+                            "properties": {
+                                "title": {"type": "string", "maxLength": 200},
+                                "pinned": {"type": "boolean"},
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {"200": _json({"type": "object"}, "The updated summary"), **_ERRORS},
+        },
+        "delete": {
+            "summary": "Delete the gateway's history of a session (never the agent's own store)",
+            "responses": {
+                "200": _json({"$ref": "#/components/schemas/SessionsDeleted"}, "Deleted"),
+                **_ERRORS,
+                "409": _ERR,
+            },
+        },
+    },
+    "/v1/sessions/{sessionId}/export": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "summary": "Export a session: runs, transcripts, events and binding (json) or a readable document",
+            "parameters": [
+                {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["json", "markdown"]}}
+            ],
+            "responses": {
+                "200": {
+                    "description": "The export",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/SessionDetail"}},
+                        "text/markdown": {"schema": {"type": "string"}},
+                    },
+                },
+                **_ERRORS,
+            },
+        },
+    },
+    "/v1/sessions/{sessionId}/agent-session": {
+        "parameters": [_SESSION_ID],
+        "delete": {
+            "summary": "Ask the agent to delete its own session (only when the runtime declares it can)",
+            "responses": {
+                "200": _json({"type": "object"}, "Deleted by the agent"),
+                **_ERRORS,
+                "409": _ERR,
+                "502": _ERR,
+            },
+        },
+    },
+}

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent_gateway.routes import sessions
+
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
 
@@ -19,6 +21,9 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
     """``plugin_paths``: the OpenAPI path items plugins declare with their routes (a live,
     read-only view: plugins add routes after the core's)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
+    # The sessions API keeps its OpenAPI block in its own module.
+    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
+    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
 
     async def health(request: web.Request) -> web.Response:
         return web.json_response(
