@@ -347,3 +347,30 @@ async def test_acp_agent_session_delete_when_the_agent_declares_it(make_gateway:
     assert modes[-1] == "cold_resumed"
     detail = await get_json(client, "/v1/sessions/with-del")
     assert len(detail["runs"]) == 2 and detail["binding"]["agentSessionId"] != binding["agentSessionId"]
+
+
+async def test_a_run_ended_by_shutdown_is_indexed_by_the_next_process(
+    make_gateway: Any, storage_kind: str, tmp_path: Path
+) -> None:
+    plugin = TranscriptPlugin()
+    first = await make_gateway(storage=storage_kind, tokens=TOKENS, extra_plugins=(plugin,), data_dir=tmp_path)
+    response = await first.post(
+        "/v1/runs", json=body("cut", "unfinished zeppelin", "c1", hold=True), headers=auth(ALICE)
+    )
+    run_id = (await response.json())["hostRunId"]
+    await asyncio.wait_for(plugin.runtime.holding.wait(), WAIT)
+    assert (await get_json(first, "/v1/sessions", status="active"))["sessions"][0]["sessionId"] == "cut"
+    await first.close()  # the gateway stops with the run in flight
+
+    second = await make_gateway(
+        storage=storage_kind, tokens=TOKENS, extra_plugins=(TranscriptPlugin(),), data_dir=tmp_path, schema=first.schema
+    )
+    [session] = (await get_json(second, "/v1/sessions"))["sessions"]
+    assert session["activeRun"] is None and session["lastStatus"] in ("cancelled", "interrupted")
+    found = (await get_json(second, "/v1/sessions", q="zeppelin"))["sessions"]
+    assert [s["sessionId"] for s in found] == ["cut"]
+    [run] = (await get_json(second, "/v1/sessions/cut"))["runs"]
+    assert run["receipt"]["hostRunId"] == run_id
+    assert run["transcript"]["terminal"]["status"] == session["lastStatus"]
+    assert run["transcript"]["answer"]["text"] == ""  # nothing was answered; the plan and tool are there
+    assert run["transcript"]["plan"]["entries"][0]["content"] == "waiting"
