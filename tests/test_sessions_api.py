@@ -204,7 +204,17 @@ async def test_pages_rename_pin_and_filters(make_gateway: Any, storage_kind: str
     assert len((await get_json(client, "/v1/sessions", status="completed"))["sessions"]) == 5
     assert (await get_json(client, "/v1/sessions", status="active"))["sessions"] == []
 
-    for params in ({"limit": "0"}, {"limit": "x"}, {"cursor": "garbage!"}, {"status": "bogus"}):
+    bad_inputs: list[dict[str, str]] = [
+        {"limit": "0"},
+        {"limit": "x"},
+        {"limit": "201"},
+        {"cursor": "garbage!"},
+        {"status": "bogus"},
+        {"agentId": "x" * 300},
+        {"q": "a\x00b"},
+        {"q": "q" * 600},
+    ]
+    for params in bad_inputs:
         error = await get_json(client, "/v1/sessions", expect=400, **params)
         assert error["error"]["code"].startswith("invalid_")
     search_cursor = (await get_json(client, "/v1/sessions", q="question", limit="1"))["nextCursor"]
@@ -215,6 +225,8 @@ async def test_pages_rename_pin_and_filters(make_gateway: Any, storage_kind: str
     response = await client.patch("/v1/sessions/nope", json={"pinned": True}, headers=auth(ALICE))
     assert response.status == 404
     await get_json(client, "/v1/sessions/" + "x" * 300, expect=400)
+    await get_json(client, "/v1/sessions/a%01b", expect=400)
+    await get_json(client, "/v1/sessions/a%00b/export", expect=400)
 
 
 async def test_delete_refuses_active_then_removes_history(make_gateway: Any, storage_kind: str) -> None:

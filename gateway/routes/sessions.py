@@ -146,13 +146,13 @@ def _session_id(request: web.Request) -> str:
     return check_session_id(request.match_info["session_id"])
 
 
-def check_session_id(value: Any) -> str:
+def check_session_id(value: Any, name: str = "session id", code: str = "invalid_session_id") -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ApiError(400, "invalid_session_id", "a session id must be a non-empty string")
+        raise ApiError(400, code, f"a {name} must be a non-empty string")
     if len(value) > MAX_ID_LENGTH:
-        raise ApiError(400, "invalid_session_id", f"a session id must be at most {MAX_ID_LENGTH} characters")
+        raise ApiError(400, code, f"a {name} must be at most {MAX_ID_LENGTH} characters")
     if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise ApiError(400, "invalid_session_id", "a session id must not contain control characters")
+        raise ApiError(400, code, f"a {name} must not contain control characters")
     return value
 
 
@@ -250,7 +250,7 @@ class SessionRoutes:
             raise ApiError(400, "invalid_query", f"q must be at most {MAX_QUERY} characters, without NUL")
         agent_id = request.query.get("agentId") or None
         if agent_id is not None:
-            agent_id = check_session_id(agent_id)
+            agent_id = check_session_id(agent_id, "agentId", "invalid_agent_id")
         status = request.query.get("status") or None
         if status is not None and status not in STATUS_FILTERS:
             raise ApiError(400, "invalid_status", "unknown status filter", known=sorted(STATUS_FILTERS))
