@@ -26,6 +26,7 @@ from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.plugin_routes import PluginRoutes
 from agent_gateway.routes import agents, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
+from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.runs import RunManager
 from agent_gateway.runtime import Runtime
 from agent_gateway.sse import StreamStats
@@ -286,6 +287,7 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     workspaces.setup(app, gateway)
     mcp_http.setup(app, gateway)
     preferences_routes.setup(app, gateway)
+    sessions_routes.setup(app, gateway)
     plugins.register_routes(plugin_routes)  # after the core's: a plugin cannot take a core path
     plugin_routes.close()
     app.on_startup.append(gateway.start)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from agent_gateway.errors import ApiError
+from agent_gateway.routes import sessions
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -27,6 +28,9 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
     """``plugin_paths``: the OpenAPI path items plugins declare with their routes (a live,
     read-only view: plugins add routes after the core's)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
+    # The sessions API keeps its OpenAPI block in its own module.
+    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
+    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
 
     # One storage ping at a time: concurrent probes share it, so a hung database holds one worker.
     ping_in_flight: asyncio.Future[None] | None = None

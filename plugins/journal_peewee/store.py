@@ -46,6 +46,8 @@ from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_m
 
 log = logging.getLogger("agent_gateway.storage")
 
+from .sessions import SessionIndexMixin
+
 SQLITE_SCHEMES = frozenset({"sqlite"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})
 SUPPORTED_SCHEMES = SQLITE_SCHEMES | POSTGRES_SCHEMES
@@ -294,7 +296,7 @@ def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
 # -- the storage ------------------------------------------------------------------------------------
 
 
-class PeeweeStorage:
+class PeeweeStorage(SessionIndexMixin):
     """:class:`gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
@@ -398,6 +400,7 @@ class PeeweeStorage:
                 if self.schema:
                     self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 self.database.create_tables(self.models.all(), safe=True)
+                self._open_session_index()
             self._opened = True
 
     @_reconnecting
