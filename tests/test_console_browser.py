@@ -20,6 +20,8 @@ import aiohttp
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from agent_gateway import Turn, TurnOutcome, hookimpl
+from agent_gateway.runtime import RuntimePolicy
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import FAKE_ACP_AGENT, GatewayProcess, start_gateway_process
 
@@ -49,13 +51,12 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     directory each time, so a second start is a restart."""
     started: list[GatewayProcess] = []
 
-    async def start(upstream: str = "", acp: Sequence[str] = (), port: int = 0) -> GatewayProcess:
+    async def start(upstream: str = "", acp: Sequence[str] = (), port: int = 0, toml: str = "") -> GatewayProcess:
         config = tmp_path / "gateway.toml"
         if acp:
             command = json.dumps([sys.executable, FAKE_ACP_AGENT, *acp])
-            config.write_text(f"[acp_agents.fake]\ncommand = {command}\n", encoding="utf-8")
-        else:
-            config.write_text("", encoding="utf-8")
+            toml += f"\n[acp_agents.fake]\ncommand = {command}\n"
+        config.write_text(toml, encoding="utf-8")
         env = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": upstream or "http://127.0.0.1:9/v1"}
         env["AGENT_GATEWAY__CHAT_ONLY__MODEL"] = "m"
         args = ["--config", str(config), *(["--port", str(port)] if port else [])]
@@ -88,9 +89,10 @@ async def send(page: Page, text: str, agent: str = "chat-only") -> None:
     await page.click("#send")
 
 
-async def api(url: str, method: str, path: str, body: Any = None) -> Any:
+async def api(url: str, method: str, path: str, body: Any = None, token: str = "") -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
-        async with http.request(method, url + path, json=body) as response:
+        async with http.request(method, url + path, json=body, headers=headers) as response:
             assert response.status < 300, await response.text()
             return await response.json()
 
@@ -201,7 +203,8 @@ async def test_sessions_list_detail_search_export_rename_delete(
     # export (a download of the JSON export)
     async with page.expect_download() as download_info:
         await page.click("#export-json")
-    exported = json.loads(Path(await (await download_info.value).path()).read_text(encoding="utf-8"))
+    saved = await (await download_info.value).path()
+    exported = json.loads(saved.read_bytes())
     assert exported["session"]["sessionId"] == session_id
     assert exported["runs"][0]["transcript"]["answer"]["text"] == "About giraffes in the savanna."
     # rename
@@ -259,3 +262,133 @@ async def test_the_gateway_killed_and_restarted_under_an_open_page(
     await send(page, "and now?")
     await expect(page.locator(".bubble.assistant").nth(1)).to_have_text("Back in business.")
     await expect(page.locator("#h-status")).to_have_text("completed")
+
+
+async def test_the_settings_form_comes_from_the_descriptor_and_saves_preferences(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    descriptor = await api(gateway.url, "GET", "/v1/agents/chat-only")
+    await page.click("#settings summary")
+    inputs = page.locator("#settings-form [data-key]")
+    await expect(inputs).to_have_count(len(descriptor["fields"]))
+    await page.fill("[data-key='ai.agent.chat-only.model']", "bigger-model")
+    await page.click("#settings-save")
+    await expect(page.locator("#settings-note")).to_have_text("saved")
+    saved = await api(gateway.url, "GET", "/v1/preferences")
+    assert saved["values"] == {"ai.agent.chat-only.model": "bigger-model"}  # only what changed
+    await send(page, "which model?")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    assert fake_llm.requests[-1]["model"] == "bigger-model"
+
+
+async def test_a_gateway_with_tokens_prompts_for_one(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    gateway = await start_gateway(fake_llm.base_url, toml='[auth]\ntokens = {"tok-alice-0123456789abcdef" = "alice"}\n')
+    page = await browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(gateway.url + "/")  # the page itself is public
+    dialog = page.locator("#token-dialog")
+    await expect(dialog).to_be_visible()
+    await page.fill("#token", "wrong")
+    await page.click("#token-ok")
+    await expect(page.locator("#token-error")).to_have_text("That token was not accepted.")
+    await page.fill("#token", "tok-alice-0123456789abcdef")
+    await page.click("#token-ok")
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await send(page, "hello with a token")
+    await expect(page.locator(".bubble.assistant")).to_have_text("echo: hello with a token")
+    listed = await api(gateway.url, "GET", "/v1/sessions", token="tok-alice-0123456789abcdef")
+    assert [s["title"] for s in listed["sessions"]] == ["hello with a token"]
+    await page.reload()  # the token is kept for the tab (sessionStorage): no second prompt
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await expect(dialog).to_be_hidden()
+
+
+class ShowcaseRuntime:
+    """One turn with every part of the transcript: a plan, a tool card with a receipt and a
+    citation, a files.changed notice, thoughts and an answer."""
+
+    agent_id = "showcase"
+    display_name = "Showcase (tests)"
+    provider = "tests"
+
+    def __init__(self) -> None:
+        self.policy = RuntimePolicy(context_carrier="none")
+
+    def describe(self) -> dict[str, Any]:
+        return {"capabilities": []}
+
+    async def run_turn(self, turn: Turn) -> TurnOutcome:
+        await turn.set_session_mode("new_session", {"agentSessionId": "agent-sess-7"})
+        await turn.emit(
+            "plan.updated",
+            {
+                "entries": [
+                    {"content": "Read the guide", "status": "completed"},
+                    {"content": "Write the notes", "status": "pending"},
+                ]
+            },
+        )
+        await turn.emit("thought.delta", {"text": "The guide is the best source."})
+        await turn.emit(
+            "tool.started", {"toolCallId": "call-1", "title": "Search the knowledge base", "kind": "search"}
+        )
+        await turn.emit(
+            "tool.completed",
+            {
+                "toolCallId": "call-1",
+                "status": "completed",
+                "receiptId": "rcpt-42",
+                "rawOutput": {
+                    "citationMarkdown": "[Fence guide](https://example.org/fence)",
+                    "citationUrl": "https://example.org/fence",
+                    "title": "Fence guide",
+                },
+            },
+        )
+        await turn.emit("files.changed", {"changes": [{"path": "notes/fence.md", "kind": "modified"}]})
+        await turn.emit("message.delta", {"text": "Two coats, "})
+        await turn.emit("message.delta", {"text": "a day apart."})
+        return TurnOutcome("completed", None)
+
+    async def close(self) -> None:
+        pass
+
+
+class ShowcasePlugin:
+    @hookimpl
+    def register_runtimes(self, register: Any, config: Any) -> None:
+        register(ShowcaseRuntime())
+
+
+async def test_the_transcript_parts_render_on_both_backends(
+    browser: Browser, make_gateway: Any, storage_kind: str
+) -> None:
+    client = await make_gateway(storage=storage_kind, extra_plugins=(ShowcasePlugin(),))
+    url = str(client.make_url("")).rstrip("/")
+    page = await open_console(browser, url)
+    await send(page, "How do I paint the fence?", agent="showcase")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator(".bubble.assistant")).to_have_text("Two coats, a day apart.")
+    await expect(page.locator("details.thoughts")).to_contain_text("Thoughts (1 chunk)")
+    await expect(page.locator(".card.plan li")).to_have_text(["Read the guide", "Write the notes"])
+    tool = page.locator(".card.tool")
+    await expect(tool).to_contain_text("Search the knowledge base")
+    await expect(tool.locator(".receipt")).to_have_text("receipt rcpt-42")
+    await expect(page.locator(".citations a")).to_have_attribute("href", "https://example.org/fence")
+    await expect(page.locator(".citations a")).to_have_text("Fence guide")
+    await expect(page.locator(".files-changed")).to_have_text("File modified: notes/fence.md")
+    await expect(page.locator("#h-mode")).to_have_text("new_session")
+    await expect(page.locator("#h-agent-session")).to_have_text("agent-sess-7")
+    await expect(page.locator("#h-runtime")).to_have_text("Showcase (tests) (showcase)")
+    # the same view from the stored history (the session detail), after a reload
+    await page.reload()
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await expect(page.locator(".bubble.assistant")).to_have_text("Two coats, a day apart.")
+    await expect(page.locator(".card.tool .receipt")).to_have_text("receipt rcpt-42")
+    await expect(page.locator(".files-changed")).to_have_count(1)
+    await page.fill("#search", "fence")
+    await expect(page.locator("#sessions .session .snippet mark").first).to_be_visible()

@@ -196,7 +196,7 @@ function toolCard(card) {
   return el(
     "div",
     { class: "card tool", dataset: { toolCallId: card.toolCallId, status: card.status || "" } },
-    el("div", { class: "head" }, `🔧 ${card.title || card.tool || card.kind || "tool"}`, " ",
+    el("div", { class: "head" }, el("span", { class: "label" }, "Tool"), ` ${card.title || card.tool || card.kind || "tool"} `,
       el("span", { class: "chip" }, card.status || "pending")),
     locations ? el("div", { class: "muted" }, locations) : null,
     card.path ? el("div", { class: "muted" }, card.path) : null,
@@ -238,7 +238,7 @@ function renderRun(run) {
   if (t.thoughts.chunks > 0) {
     const open = run.thoughtsOpen ? { open: "" } : {};
     const details = el("details", { class: "thoughts", ...open },
-      el("summary", {}, `Thoughts (${t.thoughts.chunks} chunks)`), el("pre", {}, t.thoughts.text));
+      el("summary", {}, `Thoughts (${t.thoughts.chunks} chunk${t.thoughts.chunks === 1 ? "" : "s"})`), el("pre", {}, t.thoughts.text));
     details.addEventListener("toggle", () => { run.thoughtsOpen = details.open; });
     node.append(details);
   }
@@ -254,7 +254,7 @@ function renderRun(run) {
     node.append(el("div", { class: "citations notice" }, "Sources: ", t.citations.map(citationLink)));
   }
   for (const change of t.files) {
-    node.append(el("div", { class: "notice files-changed" }, `📄 ${change.kind || change.type || "changed"}: ${change.path}`));
+    node.append(el("div", { class: "notice files-changed" }, `File ${change.kind || change.type || "changed"}: ${change.path}`));
   }
   if (t.replayed.events) {
     node.append(el("div", { class: "notice" }, `${t.replayed.events} replayed event(s) of the agent's history (not new output)`));
@@ -432,7 +432,7 @@ async function refreshSessions() {
     const item = el(
       "li",
       { class: `session${s.sessionId === state.sessionId ? " current" : ""}`, dataset: { sessionId: s.sessionId }, onclick: () => openSession(s.sessionId) },
-      el("div", { class: "title" }, `${s.pinned ? "📌 " : ""}${s.title || s.sessionId}`),
+      el("div", { class: "title" }, `${s.pinned ? "[pinned] " : ""}${s.title || s.sessionId}`),
       el("div", { class: "meta" }, `${s.agentName || s.agentId} · ${s.messageCount} msg · ${s.lastStatus || ""}${s.activeRun ? " · active" : ""}`),
     );
     if (s.snippet) {
@@ -518,6 +518,7 @@ async function send(event) {
     history.replaceState(null, "", `#session=${encodeURIComponent(state.sessionId)}`);
     renderNow();
     followRun(run).then(() => refreshSummary());
+    refreshSummary(); // the session is indexed once its run is admitted: rename/export/delete apply
     refreshSessions();
   } catch (error) {
     showError(error);
@@ -615,7 +616,7 @@ function renderSettings() {
     form.replaceChildren();
     return;
   }
-  form.replaceChildren(...(agent.fields || []).map((field) => {
+  const row = (field) => {
     const id = `field-${field.key}`;
     let input;
     if (field.kind === "boolean") {
@@ -637,20 +638,35 @@ function renderSettings() {
     input.dataset.key = field.key;
     input.dataset.kind = field.kind;
     input.dataset.secret = String(Boolean(field.secret));
+    input.dataset.original = JSON.stringify(field.secret ? null : (field.value ?? null));
     return el("label", { for: id, title: field.description || field.key }, input.type === "checkbox" ? input : null,
       ` ${field.label || field.key} `, input.type === "checkbox" ? null : input);
-  }));
+  };
+  const groups = [
+    ["Common (every agent)", (agent.fields || []).filter((f) => f.scope === "ai.common")],
+    [`This agent (${agent.displayName || agent.agentId})`, (agent.fields || []).filter((f) => f.scope !== "ai.common")],
+  ];
+  form.replaceChildren(...groups.filter(([, fields]) => fields.length).map(([title, fields]) =>
+    el("fieldset", {}, el("legend", {}, title), fields.map(row))));
 }
 
 async function saveSettings() {
+  // Only what the user changed: an untouched field keeps following its default.
   const values = {};
   for (const input of $("settings-form").querySelectorAll("[data-key]")) {
-    const { key, kind, secret } = input.dataset;
-    if (kind === "boolean") values[key] = input.checked;
-    else if (kind === "integer") values[key] = input.value === "" ? null : Number(input.value);
-    else if (kind === "string_list") values[key] = input.value.split(",").map((v) => v.trim()).filter(Boolean);
-    else if (secret === "true" && input.value === "") continue; // unchanged secret
-    else values[key] = input.value === "" ? null : input.value;
+    const { key, kind, secret, original } = input.dataset;
+    let value;
+    if (kind === "boolean") value = input.checked;
+    else if (kind === "integer") value = input.value === "" ? null : Number(input.value);
+    else if (kind === "string_list") value = input.value.split(",").map((v) => v.trim()).filter(Boolean);
+    else if (secret === "true" && input.value === "") continue; // a secret left empty is unchanged
+    else value = input.value === "" ? null : input.value;
+    const unchanged = JSON.stringify(value) === original || (value === null && original === '""');
+    if (!unchanged) values[key] = value;
+  }
+  if (!Object.keys(values).length) {
+    $("settings-note").textContent = "nothing changed";
+    return;
   }
   try {
     await api("PUT", "/v1/preferences", { values });

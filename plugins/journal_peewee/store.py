@@ -44,9 +44,9 @@ from playhouse import db_url
 
 from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
 
-log = logging.getLogger("agent_gateway.storage")
-
 from .sessions import SessionIndexMixin
+
+log = logging.getLogger("agent_gateway.storage")
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})
