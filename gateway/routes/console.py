@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from agent_gateway.app import Gateway
 
 CONSOLE_PREFIX = "/console/"
+# The console's routes: a web page, not API routes, so never in OpenAPI.
+CONSOLE_ROUTES = ("/", CONSOLE_PREFIX + "{name}")
 _TYPES = {
     ".html": "text/html",
     ".js": "text/javascript",
@@ -59,5 +61,5 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     async def asset(request: web.Request) -> web.Response:
         return _file(request.match_info["name"])
 
-    app.router.add_get("/", index)
-    app.router.add_get(CONSOLE_PREFIX + "{name}", asset)
+    app.router.add_get(CONSOLE_ROUTES[0], index, name="console.index")
+    app.router.add_get(CONSOLE_ROUTES[1], asset, name="console.file")
