@@ -94,8 +94,9 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
 
 
-def capture_sql(storage: PeeweeStorage, call: Callable[[], Any]) -> tuple[str, list[Any]]:
-    """The (last) statement and parameters ``call`` sends through the session index."""
+def capture_sql(storage: PeeweeStorage, call: Callable[[], Any]) -> tuple[str, list[Any], int]:
+    """The (last) statement and parameters ``call`` sends through the session index, and how
+    many rows ``call`` returns."""
     seen: list[tuple[str, list[Any]]] = []
     original = storage._sql
 
@@ -105,14 +106,14 @@ def capture_sql(storage: PeeweeStorage, call: Callable[[], Any]) -> tuple[str, l
 
     storage._sql = spy  # type: ignore[method-assign]
     try:
-        call()
+        rows = len(call())
     finally:
         storage._sql = original  # type: ignore[method-assign]
-    return seen[-1]
+    return (*seen[-1], rows)
 
 
 def compare(storage: PeeweeStorage, label: str, call: Callable[[], Any], repeat: int) -> None:
-    sql, params = capture_sql(storage, call)
+    sql, params, rows = capture_sql(storage, call)
 
     def raw() -> Any:
         cursor = storage.database.execute_sql(sql, params)
@@ -129,7 +130,7 @@ def compare(storage: PeeweeStorage, label: str, call: Callable[[], Any], repeat:
     p50_m, p99_m = percentile(method_times, 0.5), percentile(method_times, 0.99)
     p50_r, p99_r = percentile(raw_times, 0.5), percentile(raw_times, 0.99)
     print(
-        f"{label:<34} method p50 {p50_m * 1000:7.2f} ms p99 {p99_m * 1000:7.2f} ms | "
+        f"{label:<30} {rows:>3} rows | method p50 {p50_m * 1000:7.2f} ms p99 {p99_m * 1000:7.2f} ms | "
         f"raw SQL p50 {p50_r * 1000:7.2f} ms p99 {p99_r * 1000:7.2f} ms | ratio {p50_m / p50_r:5.2f}"
     )
 
@@ -184,13 +185,13 @@ def main() -> None:
             compare(
                 storage,
                 "search, common word (50)",
-                lambda: storage.search_session_index(actor, "maple", limit=50),
+                lambda: storage.search_session_index(actor, "iris", limit=50),
                 args.repeat,
             )
             compare(
                 storage,
-                "search, rare (one session)",
-                lambda: storage.search_session_index(actor, "number 13", limit=50),
+                "search, rare (a few sessions)",
+                lambda: storage.search_session_index(actor, "number 4513", limit=50),
                 args.repeat,
             )
             bench_projection(storage, args.projection_events, max(3, args.repeat // 40))
