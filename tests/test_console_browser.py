@@ -225,7 +225,7 @@ async def test_a_reload_mid_stream_loses_and_doubles_no_text(
     browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
 ) -> None:
     answer = " ".join(f"w{i}" for i in range(400))
-    fake_llm.default = Reply(text=answer, chunk_size=4, delay=0.01)  # ~4 s of streaming
+    fake_llm.default = Reply(text=answer, chunk_size=4, delay=0.02)  # ~10 s of streaming: reloaded long before the end
     gateway = await start_gateway(fake_llm.base_url)
     page = await open_console(browser, gateway.url)
     await send(page, "count")
