@@ -26,7 +26,9 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import FAKE_ACP_AGENT, GatewayProcess, start_gateway_process
 
 CHROMIUM = "/usr/bin/chromium"
-WAIT_MS = 20_000
+WAIT_MS = 30_000
+expect.set_options(timeout=WAIT_MS)  # every expect below waits at most this long
+CHROMIUM_INSTALLED = Path(CHROMIUM).exists()
 
 
 def free_port() -> int:
@@ -37,6 +39,7 @@ def free_port() -> int:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
+    assert CHROMIUM_INSTALLED, f"{CHROMIUM} is missing: install the Debian package chromium (test-all.sh does)"
     async with async_playwright() as playwright:
         launched = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         try:

@@ -24,6 +24,7 @@ from tests._harness import FAKE_ACP_AGENT, start_gateway_process  # noqa: E402
 
 DOCS = ROOT / "docs"
 WAIT_MS = 20_000
+expect.set_options(timeout=WAIT_MS)
 
 
 async def send(page: Page, text: str, agent: str) -> None:

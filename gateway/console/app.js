@@ -8,7 +8,7 @@
 
 const TERMINAL = new Set(["completed", "failed", "cancelled", "interrupted"]);
 const TOKEN_KEY = "agent-gateway.token";
-const RECONNECT_MAX_TRIES = 600; // about ten minutes of retries, then the page says so
+const RECONNECT_MAX_TRIES = 300; // about ten minutes of retries (2 s apart at most), then it stops
 const RECONNECT_DELAY_MS = [250, 500, 1000, 1000, 2000];
 
 const $ = (id) => document.getElementById(id);
@@ -344,6 +344,7 @@ function stopFollowing() {
 }
 
 // The stream proper: fetch (not EventSource) so the token goes in a header, Last-Event-ID too.
+// Answers whether any new frame arrived.
 async function readStream(run, mine) {
   const t = run.transcript;
   const init = { headers: headers({ "Last-Event-ID": String(t.lastSeq) }), signal: mine.controller.signal };
@@ -351,7 +352,7 @@ async function readStream(run, mine) {
   if (response.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
     await askForToken("");
-    return;
+    return false;
   }
   if (!response.ok) {
     let message = `${response.status}`;
@@ -362,6 +363,7 @@ async function readStream(run, mine) {
   render();
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
+  let progressed = false;
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
@@ -373,9 +375,11 @@ async function readStream(run, mine) {
         for (const op of patch.ops || []) applyOp(t, op);
       }
       if (seq) t.lastSeq = seq;
+      progressed = true;
     });
     render();
   }
+  return progressed;
 }
 
 async function followRun(run) {
@@ -386,8 +390,7 @@ async function followRun(run) {
   let tries = 0;
   while (state.follow === mine && !isTerminal(run.transcript) && tries < RECONNECT_MAX_TRIES) {
     try {
-      await readStream(run, mine);
-      tries = 0;
+      if (await readStream(run, mine)) tries = 0;
     } catch (error) {
       if (mine.controller.signal.aborted) return;
       if (error instanceof ApiError && error.status < 500) {
@@ -403,7 +406,7 @@ async function followRun(run) {
     if (!isTerminal(run.transcript)) {
       // The stream ended without the terminal event (the gateway is stopping): resume shortly.
       tries += 1;
-      await new Promise((resolve) => setTimeout(resolve, RECONNECT_DELAY_MS[0]));
+      await new Promise((resolve) => setTimeout(resolve, RECONNECT_DELAY_MS[Math.min(tries, RECONNECT_DELAY_MS.length - 1)]));
     }
   }
   if (state.follow === mine) {
