@@ -24,8 +24,9 @@ from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
 from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.plugin_routes import PluginRoutes
-from agent_gateway.routes import agents, metrics, receipts, runs, system, workspaces
+from agent_gateway.routes import agents, console, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
+from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.runs import RunManager
 from agent_gateway.runtime import Runtime
 from agent_gateway.sse import StreamStats
@@ -37,7 +38,7 @@ log = logging.getLogger("agent_gateway.app")
 
 LOCAL_ACTOR = "local"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH})
+PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH, *console.PUBLIC_PATHS})
 METRICS_PATH = "/metrics"
 STREAMS_CLOSE_SECONDS = 2.0  # at shutdown, for streams to write their last events and end
 
@@ -286,6 +287,8 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     workspaces.setup(app, gateway)
     mcp_http.setup(app, gateway)
     preferences_routes.setup(app, gateway)
+    sessions_routes.setup(app, gateway)
+    console.setup(app, gateway)
     plugins.register_routes(plugin_routes)  # after the core's: a plugin cannot take a core path
     plugin_routes.close()
     app.on_startup.append(gateway.start)

@@ -11,6 +11,7 @@ from agent_gateway.acp import agents as acp_agents
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Event, now_ms
 from agent_gateway.sessions import TranscriptStrategy
+from agent_gateway.transcript import transcript_projection
 
 
 def ui_projection(event: Event) -> dict[str, Any]:
@@ -63,3 +64,4 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
 def register_projections(register: Callable[[str, Callable[[Event], Any]], None]) -> None:
     register("ui", ui_projection)
     register("openai", openai_chunk_projection)
+    register("transcript", transcript_projection)

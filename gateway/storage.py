@@ -87,3 +87,51 @@ class Storage(Protocol):
         """Store one tool receipt; it carries at least `hostRunId`, `actorId` and `createdAt`."""
 
     def list_receipts(self, host_run_id: str) -> list[dict[str, Any]]: ...
+
+    # -- the session index (GET /v1/sessions; docs/sessions.md) --------------------------------------
+    # Optional: a storage without these methods serves no /v1/sessions routes (they answer 501).
+    def touch_session_index(self, run: Run) -> None:
+        """Create or update the session's index row from one of its runs (status, agent, mode;
+        the default title is the first user message). An older run changes nothing."""
+
+    def put_run_digest(self, digest: dict[str, Any]) -> None:
+        """Store what an ended run contributes (question, answer, tools, files, counts, mode),
+        replacing an earlier digest of that run, and recompute its session's counts and search."""
+
+    def get_session_index(self, actor_id: str, session_id: str) -> dict[str, Any] | None: ...
+
+    def list_session_index(
+        self,
+        actor_id: str,
+        *,
+        agent_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 50,
+        after: tuple[int, int, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Pinned first, then most recently updated; ``after`` = (pinned, updated_at, session_id)
+        of the previous page's last row (keyset)."""
+
+    def search_session_index(
+        self,
+        actor_id: str,
+        query: str,
+        *,
+        agent_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Full-text search, best first; each row has ``snippet`` (hits between U+E000 and
+        U+E001) and ``score``."""
+
+    def update_session_index(
+        self, actor_id: str, session_id: str, *, title: str | None = None, pinned: bool | None = None
+    ) -> bool: ...
+
+    def delete_session_history(self, actor_id: str, session_id: str) -> bool:
+        """Remove the gateway's history of a session (runs, events, receipts, session record,
+        index and search rows); False when there was none."""
+
+    def runs_without_digest(self, limit: int = 1000) -> list[Run]:
+        """Ended runs not yet indexed (e.g. marked interrupted at start-up)."""

@@ -56,7 +56,7 @@ def test_every_module_of_the_checkout_is_in_the_wheel(wheel: Path) -> None:
     expected = set()
     for folder, installed_as in MAPPED.items():
         for path in (ROOT / folder).rglob("*"):
-            if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
+            if path.suffix in (".py", ".json", ".html", ".js", ".css") and "__pycache__" not in path.parts:
                 expected.add(f"{installed_as}/{path.relative_to(ROOT / folder).as_posix()}")
     expected.add("agent_gateway/py.typed")
     assert expected - names == set()

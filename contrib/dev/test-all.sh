@@ -21,11 +21,18 @@ fi
 psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
   || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
 
-# 2. The gateway with its test extras, and the example plugin's build tools.
+# 2. Chromium for the console's browser tests (Playwright drives the system browser: its own
+#    browser download needs the internet).
+if [ ! -x /usr/bin/chromium ]; then
+  echo "== installing chromium"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+
+# 3. The gateway with its test extras (Playwright for Python among them), and the example plugin's build tools.
 echo "== installing agent-gateway[test]"
 "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]"
 
-# 3. The real agent peers (Reasonix, Hermes, Pi, LightRAG) in their own folders and venvs.
+# 4. The real agent peers (Reasonix, Hermes, Pi, LightRAG) in their own folders and venvs.
 echo "== installing agent peers (Reasonix, Hermes, Pi, LightRAG)"
 peers_env=$(mktemp)
 bash contrib/peers/install.sh > "$peers_env"   # fails loudly: set -e
@@ -34,7 +41,7 @@ while IFS='=' read -r key value; do
 done < "$peers_env"
 rm -f "$peers_env"
 
-# 4. The suite.
+# 5. The suite.
 echo "== running tests"
 set +e
 "$PYTHON" -m pytest -q -p no:cacheprovider "$@"

@@ -61,6 +61,10 @@ Behaviours:
     replies with the tool names, one a line. An MCP or transport error is the
     reply ``"mcp error: ..."`` (the turn still ends with ``end_turn``).
 
+``--session-delete`` makes any behaviour declare ``sessionCapabilities.delete`` and answer
+``session/delete`` (forgets the session and removes its state file; an unknown id is ``-32002``).
+Without it ``session/delete`` is "method not found".
+
 ``--mcp-http`` makes any behaviour declare ``mcpCapabilities.http`` (the client then
 offers HTTP MCP servers); without it only stdio is declared.
 
@@ -120,6 +124,7 @@ from acp.schema import (
     SessionCloseCapabilities,
     SessionConfigOptionSelect,
     SessionConfigSelectOption,
+    SessionDeleteCapabilities,
     SessionInfo,
     SessionListCapabilities,
     SessionResumeCapabilities,
@@ -173,7 +178,13 @@ class FakeAgent:
     """One ACP agent whose behaviour is chosen by name (see the module docstring)."""
 
     def __init__(
-        self, behaviour: str, *, delay: float = 0.0, state_dir: str | None = None, mcp_http: bool = False
+        self,
+        behaviour: str,
+        *,
+        delay: float = 0.0,
+        state_dir: str | None = None,
+        mcp_http: bool = False,
+        session_delete: bool = False,
     ) -> None:
         if behaviour not in BEHAVIOURS:
             raise ValueError(f"unknown behaviour {behaviour!r}")
@@ -181,6 +192,7 @@ class FakeAgent:
         self.delay = delay
         self.state_dir = Path(state_dir) if state_dir else None
         self.mcp_http = mcp_http
+        self.session_delete = session_delete
         self.sessions: dict[str, SessionState] = {}
         # The mcpServers given in session/new or session/load, by session id (plain dicts).
         self.mcp_servers: dict[str, list[dict[str, Any]]] = {}
@@ -268,6 +280,7 @@ class FakeAgent:
                     list=SessionListCapabilities(),
                     resume=SessionResumeCapabilities(),
                     close=SessionCloseCapabilities(),
+                    delete=SessionDeleteCapabilities() if self.session_delete else None,
                 ),
                 mcp_capabilities=McpCapabilities(http=self.mcp_http),
             ),
@@ -313,6 +326,18 @@ class FakeAgent:
     async def close_session(self, session_id: str, **kwargs: Any) -> None:
         self.sessions.pop(session_id, None)
         self.mcp_servers.pop(session_id, None)
+
+    async def delete_session(self, session_id: str) -> dict[str, Any]:
+        """``session/delete`` (routed by :func:`_with_session_delete`; the SDK does not route it)."""
+        known = self._restore(session_id) is not None
+        self.sessions.pop(session_id, None)
+        self.mcp_servers.pop(session_id, None)
+        path = self._state_file(session_id)
+        if path is not None:
+            path.unlink(missing_ok=True)
+        if not known:
+            raise RequestError.resource_not_found(session_id)
+        return {}
 
     async def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, **kwargs: Any
@@ -768,6 +793,29 @@ def _announce_start(unknown_args: list[str]) -> None:
             fifo.read()
 
 
+def _with_session_delete(agent: FakeAgent) -> None:
+    """Route ``session/delete`` to ``agent.delete_session``: the SDK's agent router does not."""
+    from acp.agent import connection
+    from acp.router import Route
+
+    build = connection.build_agent_router
+
+    def build_with_delete(target: Any, use_unstable_protocol: bool = False) -> Any:
+        router = build(target, use_unstable_protocol=use_unstable_protocol)
+        if target is agent:
+
+            async def delete(params: Any) -> Any:
+                session_id = params.get("sessionId") if isinstance(params, dict) else None
+                if not isinstance(session_id, str):
+                    raise RequestError.invalid_params({"sessionId": "required"})
+                return await agent.delete_session(session_id)
+
+            router.add_route(Route(method="session/delete", func=delete, kind="request"))
+        return router
+
+    connection.build_agent_router = build_with_delete  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: ``python contrib/fake_acp_agents/agent.py --behaviour NAME``."""
     parser = argparse.ArgumentParser(prog="python contrib/fake_acp_agents/agent.py", description=__doc__.split("\n")[0])
@@ -779,9 +827,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--mcp-http", action="store_true", help="declare mcpCapabilities.http (else stdio MCP servers only)"
     )
+    parser.add_argument("--session-delete", action="store_true", help="declare and answer session/delete")
     args, unknown = parser.parse_known_args(argv)
     _announce_start(unknown)
-    agent = FakeAgent(args.behaviour, delay=args.delay, state_dir=args.state_dir, mcp_http=args.mcp_http)
+    agent = FakeAgent(
+        args.behaviour,
+        delay=args.delay,
+        state_dir=args.state_dir,
+        mcp_http=args.mcp_http,
+        session_delete=args.session_delete,
+    )
+    if args.session_delete:
+        _with_session_delete(agent)
     asyncio.run(run_agent(cast(Agent, agent), use_unstable_protocol=True))
 
 

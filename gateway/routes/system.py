@@ -14,6 +14,7 @@ from aiohttp import web
 
 from agent_gateway.descriptors import FieldSpec, registry_for
 from agent_gateway.errors import ApiError
+from agent_gateway.routes import sessions
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -73,6 +74,9 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
     """``plugin_paths``: the OpenAPI path items plugins declare with their routes (a live,
     read-only view: plugins add routes after the core's)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
+    # The sessions API keeps its OpenAPI block in its own module.
+    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
+    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
     served: dict[str, bytes] = {}
 
     # One storage ping at a time: concurrent probes share it, so a hung database holds one worker.

@@ -44,6 +44,8 @@ from playhouse import db_url
 
 from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
 
+from .sessions import SessionIndexMixin
+
 log = logging.getLogger("agent_gateway.storage")
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
@@ -294,7 +296,7 @@ def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
 # -- the storage ------------------------------------------------------------------------------------
 
 
-class PeeweeStorage:
+class PeeweeStorage(SessionIndexMixin):
     """:class:`gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
@@ -398,6 +400,7 @@ class PeeweeStorage:
                 if self.schema:
                     self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 self.database.create_tables(self.models.all(), safe=True)
+                self._open_session_index()
             self._opened = True
 
     @_reconnecting

@@ -1,0 +1,730 @@
+"""/v1/sessions: list, search, read back, export, rename/pin and delete sessions (docs/sessions.md).
+
+A session is a gateway ``sessionId`` within an actor (as runs define it). Everything here is
+actor-scoped: another actor's session is a 404. The index is kept by :class:`SessionIndexer`, a
+run listener: every status change updates the session's row, and a run's end stores its digest
+(from the ``transcript`` projection) for counts and full-text search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import html
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
+from agent_gateway.errors import ApiError, read_json
+from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps
+from agent_gateway.runs import MAX_ID_LENGTH
+from agent_gateway.transcript import project_transcript, run_transcript
+
+if TYPE_CHECKING:
+    from agent_gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+MAX_QUERY = 500
+MAX_BULK = 100
+# Runs a session detail / export reads (oldest first).
+MAX_RUNS = 500
+HIT_START, HIT_END = "\ue000", "\ue001"
+STATUS_FILTERS = frozenset({"active", *ACTIVE_STATUSES, *TERMINAL_STATUSES})
+INDEX_METHODS = ("touch_session_index", "put_run_digest", "list_session_index", "search_session_index")
+
+
+# -- the indexer -------------------------------------------------------------------------------------
+
+
+def run_digest(run: Run, transcript: dict[str, Any]) -> dict[str, Any]:
+    """What an ended run contributes to its session's index, from its transcript."""
+    tools = [str(card.get("tool") or card.get("title") or card.get("kind") or "") for card in transcript["tools"]]
+    files: list[str] = [str(change["path"]) for change in transcript["files"]]
+    for citation in transcript["citations"]:
+        files.extend(str(citation[key]) for key in ("path", "filePath", "url") if citation.get(key))
+    for card in transcript["tools"]:
+        for location in card.get("locations") or ():
+            if isinstance(location, dict) and location.get("path"):
+                files.append(str(location["path"]))
+    answer = transcript["answer"]["text"]
+    question = transcript["question"] or ""
+    return {
+        "host_run_id": run.host_run_id,
+        "actor_id": run.actor_id,
+        "session_id": run.session_id,
+        "created_at": run.created_at,
+        "status": run.status,
+        "question": question,
+        "answer": answer,
+        "tools": " ".join(t for t in tools if t),
+        "files": "\n".join(dict.fromkeys(files)),
+        "message_count": (1 if question else 0) + (1 if answer else 0),
+        "tool_count": len(transcript["tools"]),
+        "mode": transcript["sessionMode"],
+        "agent_session_id": transcript["agentSessionId"],
+    }
+
+
+class SessionIndexer:
+    """Keeps the session index current: a run listener feeding one worker task (so updates of a
+    session are applied in the order they happened). Reads wait for it (:meth:`settle`), so a
+    client that saw a run end finds it listed and searchable."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+        self.enabled = all(callable(getattr(gateway.storage, name, None)) for name in INDEX_METHODS)
+        self.queue: asyncio.Queue[Run] = asyncio.Queue()
+        self.worker: asyncio.Task[None] | None = None
+        self.backfilled = False
+        self.stopped = False
+
+    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.gw.executor, lambda: fn(*args, **kwargs))
+
+    def on_run(self, run: Run) -> None:
+        if not self.enabled or self.stopped:
+            return  # after shutdown: an ended run is indexed by the next process (settle)
+        self.queue.put_nowait(replace(run, request=dict(run.request)))  # a snapshot: the run changes on
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.get_running_loop().create_task(self._work(), name="session-indexer")
+
+    async def _work(self) -> None:
+        while True:
+            run = await self.queue.get()
+            try:
+                await self.index(run)
+            except Exception:
+                log.exception("could not index run %s in its session", run.host_run_id)
+            finally:
+                self.queue.task_done()
+
+    async def index(self, run: Run) -> None:
+        storage = self.gw.storage
+        await self._db(storage.touch_session_index, run)
+        if run.is_terminal:
+            events = await self._db(storage.read_events, run.host_run_id)
+            transcript = project_transcript(events, run_transcript(run))
+            await self._db(storage.put_run_digest, run_digest(run, transcript))
+
+    async def settle(self) -> None:
+        """Wait until every run change seen so far is indexed; index ended runs that never were
+        (once per process: e.g. runs marked interrupted at start-up)."""
+        if not self.enabled:
+            raise ApiError(501, "not_supported", "this storage backend keeps no session index")
+        # A run whose terminal event is out (a client may have seen it) is only storing its end:
+        # wait for it, so its digest is in the queue.
+        for run in self.gw.runs.active_runs():
+            if self.gw.journal.has_terminal(run.host_run_id):
+                await self.gw.runs.wait(run.host_run_id)
+        if not self.backfilled:
+            self.backfilled = True
+            for run in await self._db(self.gw.storage.runs_without_digest, 10_000):
+                self.on_run(run)
+        if self.worker is not None and not self.worker.done():
+            await self.queue.join()
+
+    async def stop(self, app: web.Application) -> None:
+        self.stopped = True
+        if self.worker is not None:
+            self.worker.cancel()
+
+
+# -- input ------------------------------------------------------------------------------------------
+
+
+def _session_id(request: web.Request) -> str:
+    return check_session_id(request.match_info["session_id"])
+
+
+def check_session_id(value: Any, name: str = "session id", code: str = "invalid_session_id") -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ApiError(400, code, f"a {name} must be a non-empty string")
+    if len(value) > MAX_ID_LENGTH:
+        raise ApiError(400, code, f"a {name} must be at most {MAX_ID_LENGTH} characters")
+    if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise ApiError(400, code, f"a {name} must not contain control characters")
+    return value
+
+
+def _limit(request: web.Request) -> int:
+    raw = request.query.get("limit", str(DEFAULT_LIMIT))
+    try:
+        limit = int(raw)
+    except ValueError as exc:
+        raise ApiError(400, "invalid_limit", "limit must be an integer") from exc
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ApiError(400, "invalid_limit", f"limit must be 1..{MAX_LIMIT}")
+    return limit
+
+
+def encode_cursor(value: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(text: str, search: bool) -> Any:
+    """A page cursor: ["k", pinned, updatedAt, sessionId] for a list, ["s", offset] for a search."""
+    try:
+        value = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
+        raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned") from exc
+    if search:
+        if isinstance(value, list) and len(value) == 2 and value[0] == "s" and type(value[1]) is int:
+            if 0 <= value[1] <= 100_000:
+                return value[1]
+    elif (
+        isinstance(value, list)
+        and len(value) == 4
+        and value[0] == "k"
+        and value[1] in (0, 1)
+        and type(value[2]) is int
+        and isinstance(value[3], str)
+    ):
+        return (value[1], value[2], value[3])
+    raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned (or from another query)")
+
+
+def highlight(snippet: str | None) -> str:
+    """A storage snippet as HTML: the text escaped, the hits in <mark>."""
+    text = html.escape(snippet or "", quote=True)
+    return text.replace(HIT_START, "<mark>").replace(HIT_END, "</mark>")
+
+
+# -- the routes ---------------------------------------------------------------------------------------
+
+
+class SessionRoutes:
+    def __init__(self, gateway: Gateway, indexer: SessionIndexer) -> None:
+        self.gw = gateway
+        self.indexer = indexer
+
+    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await self.indexer._db(fn, *args, **kwargs)
+
+    async def _summary(self, actor_id: str, row: dict[str, Any]) -> dict[str, Any]:
+        active = await self.gw.runs.active_run(actor_id, row["session_id"])
+        runtime = self.gw.runtimes.get(row["agent_id"])
+        return {
+            "sessionId": row["session_id"],
+            "workspaceId": row["workspace_id"],
+            "agentId": row["agent_id"],
+            "agentName": getattr(runtime, "display_name", None),
+            "profile": row["profile"],
+            "model": row["model"],
+            "title": row["title"],
+            "titleCustom": bool(row["title_custom"]),
+            "pinned": bool(row["pinned"]),
+            "runCount": row["run_count"],
+            "messageCount": row["message_count"],
+            "toolCount": row["tool_count"],
+            "sessionMode": row["last_mode"],
+            "lastStatus": row["last_status"],
+            "lastRunId": row["last_run_id"],
+            "activeRun": active.to_receipt() if active is not None and not active.is_terminal else None,
+            "createdAt": row["created_at"],
+            "updatedAt": row["updated_at"],
+        }
+
+    async def _row(self, request: web.Request) -> tuple[str, str, dict[str, Any]]:
+        session_id = _session_id(request)
+        await self.indexer.settle()
+        actor_id = request["actor"]
+        row = await self._db(self.gw.storage.get_session_index, actor_id, session_id)
+        if row is None:
+            raise ApiError(404, "session_not_found", "no such session")
+        return actor_id, session_id, row
+
+    async def list(self, request: web.Request) -> web.Response:
+        limit = _limit(request)
+        query = request.query.get("q", "").strip()
+        if len(query) > MAX_QUERY or "\x00" in query:
+            raise ApiError(400, "invalid_query", f"q must be at most {MAX_QUERY} characters, without NUL")
+        agent_id = request.query.get("agentId") or None
+        if agent_id is not None:
+            agent_id = check_session_id(agent_id, "agentId", "invalid_agent_id")
+        status = request.query.get("status") or None
+        if status is not None and status not in STATUS_FILTERS:
+            raise ApiError(400, "invalid_status", "unknown status filter", known=sorted(STATUS_FILTERS))
+        statuses = sorted(ACTIVE_STATUSES) if status == "active" else ([status] if status else None)
+        cursor = request.query.get("cursor") or None
+        await self.indexer.settle()
+        actor_id = request["actor"]
+        storage = self.gw.storage
+        next_cursor: str | None = None
+        if query:
+            offset = decode_cursor(cursor, search=True) if cursor else 0
+            rows = await self._db(
+                storage.search_session_index,
+                actor_id,
+                query,
+                agent_id=agent_id,
+                statuses=statuses,
+                limit=limit + 1,
+                offset=offset,
+            )
+            if len(rows) > limit:
+                rows, next_cursor = rows[:limit], encode_cursor(["s", offset + limit])
+        else:
+            after = decode_cursor(cursor, search=False) if cursor else None
+            rows = await self._db(
+                storage.list_session_index, actor_id, agent_id=agent_id, statuses=statuses, limit=limit + 1, after=after
+            )
+            if len(rows) > limit:
+                rows = rows[:limit]
+                last = rows[-1]
+                next_cursor = encode_cursor(["k", last["pinned"], last["updated_at"], last["session_id"]])
+        sessions = []
+        for row in rows:
+            item = await self._summary(actor_id, row)
+            if query:
+                item["snippet"] = highlight(row.get("snippet"))
+                item["score"] = row.get("score")
+            sessions.append(item)
+        return web.json_response({"schema": "gateway.sessions.v1", "sessions": sessions, "nextCursor": next_cursor})
+
+    async def _detail(self, actor_id: str, session_id: str, row: dict[str, Any], events: bool) -> dict[str, Any]:
+        storage = self.gw.storage
+        runs: list[Run] = await self._db(storage.list_runs, actor_id=actor_id, session_id=session_id, limit=MAX_RUNS)
+        items = []
+        for run in runs:
+            live = await self.gw.runs.get(run.host_run_id, actor_id) or run  # the live status of an active run
+            journal = await self._db(storage.read_events, run.host_run_id)
+            transcript = project_transcript(journal, run_transcript(live))
+            item: dict[str, Any] = {"receipt": live.to_receipt(), "transcript": transcript}
+            if events:
+                item["events"] = [e.to_wire() for e in journal]
+            items.append(item)
+        record = await self._db(storage.get_session, actor_id, session_id) or {}
+        summary = await self._summary(actor_id, row)
+        return {
+            "schema": "gateway.session.v1",
+            "session": summary,
+            "binding": self._binding(row, record, items),
+            "runs": items,
+        }
+
+    def _binding(self, row: dict[str, Any], record: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
+        runtimes = record.get("runtimes") if isinstance(record.get("runtimes"), dict) else {}
+        state = runtimes.get(row["agent_id"]) if isinstance(runtimes.get(row["agent_id"]), dict) else {}
+        history = [
+            {
+                "hostRunId": item["receipt"]["hostRunId"],
+                "agentId": item["receipt"]["agentId"],
+                "sessionMode": entry["mode"],
+                "agentSessionId": entry["agentSessionId"],
+                "createdAt": item["receipt"]["createdAt"],
+            }
+            for item in runs
+            for entry in item["transcript"]["modeHistory"]
+        ]
+        agent_session_id = state.get("agentSessionId") or next(
+            (h["agentSessionId"] for h in reversed(history) if h["agentSessionId"]), None
+        )
+        return {
+            "agentId": row["agent_id"],
+            "agentSessionId": agent_session_id,
+            "sessionMode": row["last_mode"],
+            "modeHistory": history,
+            "agentSessionDelete": self._can_delete_agent_session(row["agent_id"]),
+        }
+
+    def _can_delete_agent_session(self, agent_id: str) -> bool | None:
+        runtime = self.gw.runtimes.get(agent_id)
+        return declares_delete(runtime) if runtime is not None else False
+
+    async def get(self, request: web.Request) -> web.Response:
+        actor_id, session_id, row = await self._row(request)
+        return web.Response(
+            body=dumps(await self._detail(actor_id, session_id, row, events=False)), content_type="application/json"
+        )
+
+    async def export(self, request: web.Request) -> web.Response:
+        fmt = request.query.get("format", "json")
+        if fmt not in ("json", "markdown"):
+            raise ApiError(400, "invalid_format", "format must be json or markdown")
+        actor_id, session_id, row = await self._row(request)
+        detail = await self._detail(actor_id, session_id, row, events=fmt == "json")
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)[:80] or "session"
+        if fmt == "json":
+            detail["schema"] = "gateway.session_export.v1"
+            response = web.Response(body=dumps(detail), content_type="application/json")
+            response.headers["Content-Disposition"] = f'attachment; filename="{name}.json"'
+            return response
+        response = web.Response(text=to_markdown(detail), content_type="text/markdown")
+        response.headers["Content-Disposition"] = f'attachment; filename="{name}.md"'
+        return response
+
+    async def patch(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        if not isinstance(body, dict) or not body:
+            raise ApiError(400, "invalid_request", 'send {"title": "...", "pinned": true|false}')
+        unknown = set(body) - {"title", "pinned"}
+        if unknown:
+            raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+        title, pinned = body.get("title"), body.get("pinned")
+        if title is not None and (not isinstance(title, str) or len(title) > 200):
+            raise ApiError(400, "invalid_request", 'title must be a string of at most 200 characters ("": default)')
+        if title is not None and any(ord(c) < 32 for c in title):
+            raise ApiError(400, "invalid_request", "title must not contain control characters")
+        if pinned is not None and not isinstance(pinned, bool):
+            raise ApiError(400, "invalid_request", "pinned must be true or false")
+        actor_id, session_id, _row = await self._row(request)
+        await self._db(self.gw.storage.update_session_index, actor_id, session_id, title=title, pinned=pinned)
+        row = await self._db(self.gw.storage.get_session_index, actor_id, session_id)
+        return web.json_response(
+            {"schema": "gateway.session_summary.v1", "session": await self._summary(actor_id, row)}
+        )
+
+    async def _refuse_active(self, actor_id: str, session_id: str) -> None:
+        active = await self.gw.runs.active_run(actor_id, session_id)
+        if active is None:
+            stored = await self._db(
+                self.gw.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
+            )
+            active = stored[0] if stored else None
+        if active is not None:
+            raise ApiError(
+                409, "session_active", "the session has an active run; cancel it first", hostRunId=active.host_run_id
+            )
+
+    async def _delete(self, actor_id: str, session_id: str) -> bool:
+        await self._refuse_active(actor_id, session_id)
+        return bool(await self._db(self.gw.storage.delete_session_history, actor_id, session_id))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        actor_id, session_id, _row = await self._row(request)
+        await self._delete(actor_id, session_id)
+        return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": [session_id], "notFound": []})
+
+    async def bulk_delete(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        ids = body.get("sessionIds") if isinstance(body, dict) else None
+        if not isinstance(ids, list) or not ids or len(ids) > MAX_BULK or set(body) != {"sessionIds"}:
+            raise ApiError(400, "invalid_request", f'send {{"sessionIds": [...]}} with 1..{MAX_BULK} ids')
+        session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
+        await self.indexer.settle()
+        actor_id = request["actor"]
+        for session_id in session_ids:  # all or nothing: refuse before deleting any
+            await self._refuse_active(actor_id, session_id)
+        deleted, missing = [], []
+        for session_id in session_ids:
+            (deleted if await self._delete(actor_id, session_id) else missing).append(session_id)
+        return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": deleted, "notFound": missing})
+
+    async def delete_agent_session(self, request: web.Request) -> web.Response:
+        actor_id, session_id, row = await self._row(request)
+        agent_id = row["agent_id"]
+        runtime = self.gw.runtimes.get(agent_id)
+        if runtime is None or self._can_delete_agent_session(agent_id) is False:
+            raise _not_offered(agent_id)
+        await self._refuse_active(actor_id, session_id)
+        storage = self.gw.storage
+        record = await self._db(storage.get_session, actor_id, session_id) or {}
+        runtimes = record.get("runtimes") if isinstance(record.get("runtimes"), dict) else {}
+        state = runtimes.get(agent_id) if isinstance(runtimes.get(agent_id), dict) else {}
+        agent_session_id = state.get("agentSessionId")
+        if not isinstance(agent_session_id, str) or not agent_session_id:
+            raise ApiError(404, "agent_session_not_found", "the gateway holds no agent session id for this session")
+        try:
+            await delete_agent_session(runtime, agent_session_id, dict(state), self.gw.data_dir)
+        except NotDeclared:
+            raise _not_offered(agent_id) from None
+        except Exception as exc:
+            raise ApiError(
+                502, "agent_error", f"{agent_id} could not delete its session: {type(exc).__name__}: {exc}"
+            ) from exc
+        # The binding is gone: the next run of this session starts a new agent session.
+        runtimes.pop(agent_id, None)
+        await self._db(storage.put_session, actor_id, session_id, record)
+        return web.json_response(
+            {"schema": "gateway.agent_session_deleted.v1", "agentId": agent_id, "agentSessionId": agent_session_id}
+        )
+
+
+def _not_offered(agent_id: str) -> ApiError:
+    return ApiError(
+        409, "not_supported", f"agent {agent_id!r} does not offer deleting its own sessions", agentId=agent_id
+    )
+
+
+def to_markdown(detail: dict[str, Any]) -> str:
+    """A session export as Markdown: each run's question, answer, folded thoughts, tools,
+    citations and changed files."""
+    session = detail["session"]
+    binding = detail["binding"]
+    lines = [
+        f"# {session['title'] or session['sessionId']}",
+        "",
+        f"- Session: `{session['sessionId']}`",
+        f"- Agent: `{session['agentId']}`"
+        + (f" (agent session `{binding['agentSessionId']}`)" if binding["agentSessionId"] else ""),
+        f"- Runs: {session['runCount']}",
+        "",
+    ]
+    for number, item in enumerate(detail["runs"], 1):
+        receipt, transcript = item["receipt"], item["transcript"]
+        mode = f", {transcript['sessionMode']}" if transcript["sessionMode"] else ""
+        lines += [f"## Run {number} — {receipt['status']}{mode}", "", f"`{receipt['hostRunId']}`", ""]
+        if transcript["question"]:
+            lines += ["**User**", "", transcript["question"], ""]
+        if transcript["thoughts"]["text"]:
+            lines += ["<details><summary>Thoughts</summary>", "", transcript["thoughts"]["text"], "", "</details>", ""]
+        for card in transcript["tools"]:
+            name = card.get("title") or card.get("tool") or card.get("kind") or "tool"
+            receipt_id = f" (receipt `{card['receiptId']}`)" if card.get("receiptId") else ""
+            lines.append(f"- Tool `{card['toolCallId']}`: {name} — {card.get('status')}{receipt_id}")
+        for permission in transcript["permissions"]:
+            lines.append(
+                f"- Permission `{permission.get('requestId')}`: {permission.get('title') or ''} — "
+                f"{permission.get('outcome') or permission.get('status')} {permission.get('optionId') or ''}".rstrip()
+            )
+        if transcript["tools"] or transcript["permissions"]:
+            lines.append("")
+        if transcript["answer"]["text"]:
+            lines += ["**Assistant**", "", transcript["answer"]["text"], ""]
+        if transcript["citations"]:
+            lines += ["Sources:", ""]
+            lines += [f"- {c.get('markdown') or c.get('url')}" for c in transcript["citations"]]
+            lines.append("")
+        if transcript["files"]:
+            lines += ["Files changed:", ""] + [f"- `{f['path']}`" for f in transcript["files"]] + [""]
+        if transcript["terminal"] and transcript["terminal"].get("reason") and receipt["status"] != "completed":
+            lines += [f"_{transcript['terminal']['reason']}_", ""]
+    return "\n".join(lines)
+
+
+def setup(app: web.Application, gateway: Gateway) -> None:
+    indexer = SessionIndexer(gateway)
+    gateway.runs.listeners.append(indexer.on_run)
+    app.on_cleanup.append(indexer.stop)
+    routes = SessionRoutes(gateway, indexer)
+    app.router.add_get("/v1/sessions", routes.list)
+    app.router.add_post("/v1/sessions:delete", routes.bulk_delete)
+    app.router.add_get("/v1/sessions/{session_id}", routes.get)
+    app.router.add_patch("/v1/sessions/{session_id}", routes.patch)
+    app.router.add_delete("/v1/sessions/{session_id}", routes.delete)
+    app.router.add_get("/v1/sessions/{session_id}/export", routes.export)
+    app.router.add_delete("/v1/sessions/{session_id}/agent-session", routes.delete_agent_session)
+
+
+# -- OpenAPI: this module's path items, merged into /openapi.json by routes/system.py -----------------
+# (Kept here, self-contained, so gateway/openapi.json can change independently.)
+
+_ERR = {"$ref": "#/components/responses/Error"}
+_SESSION_ID = {"name": "sessionId", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
+_ERRORS = {"400": _ERR, "401": _ERR, "404": _ERR}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "SessionSummary": {
+        "type": "object",
+        "properties": {
+            "sessionId": {"type": "string"},
+            "workspaceId": {"type": "string"},
+            "agentId": {"type": "string"},
+            "agentName": {"type": ["string", "null"]},
+            "profile": {"type": ["string", "null"]},
+            "model": {"type": ["string", "null"]},
+            "title": {"type": "string"},
+            "titleCustom": {"type": "boolean"},
+            "pinned": {"type": "boolean"},
+            "runCount": {"type": "integer"},
+            "messageCount": {"type": "integer"},
+            "toolCount": {"type": "integer"},
+            "sessionMode": {"type": ["string", "null"]},
+            "lastStatus": {"type": ["string", "null"]},
+            "lastRunId": {"type": ["string", "null"]},
+            "activeRun": {"oneOf": [{"$ref": "#/components/schemas/Run"}, {"type": "null"}]},
+            "createdAt": {"type": "integer"},
+            "updatedAt": {"type": "integer"},
+            "snippet": {"type": "string", "description": "search only: HTML-escaped text, hits in <mark>"},
+            "score": {"type": "number", "description": "search only: the engine's rank"},
+        },
+    },
+    "Transcript": {
+        "type": "object",
+        "description": "gateway.transcript.v1: one run's response projection (docs/sessions.md)",
+        "properties": {
+            "schema": {"const": "gateway.transcript.v1"},
+            "hostRunId": {"type": ["string", "null"]},
+            "question": {"type": ["string", "null"]},
+            "status": {"type": "string"},
+            "answer": {"type": "object"},
+            "thoughts": {"type": "object"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "plan": {"type": ["object", "null"]},
+            "permissions": {"type": "array", "items": {"type": "object"}},
+            "citations": {"type": "array", "items": {"type": "object"}},
+            "files": {"type": "array", "items": {"type": "object"}},
+            "sessionMode": {"type": ["string", "null"]},
+            "modeHistory": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "SessionDetail": {
+        "type": "object",
+        "properties": {
+            "schema": {"type": "string"},
+            "session": {"$ref": "#/components/schemas/SessionSummary"},
+            "binding": {"type": "object"},
+            "runs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "receipt": {"$ref": "#/components/schemas/Run"},
+                        "transcript": {"$ref": "#/components/schemas/Transcript"},
+                        "events": {"type": "array", "items": {"type": "object"}},
+                    },
+                },
+            },
+        },
+    },
+    "SessionsDeleted": {
+        "type": "object",
+        "properties": {
+            "schema": {"const": "gateway.sessions_deleted.v1"},
+            "deleted": {"type": "array", "items": {"type": "string"}},
+            "notFound": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
+
+OPENAPI_PATHS: dict[str, Any] = {
+    "/v1/sessions": {
+        "get": {
+            "summary": "The caller's sessions: pinned first, then most recently updated; with q, a ranked search",
+            "parameters": [
+                {"name": "q", "in": "query", "schema": {"type": "string", "maxLength": MAX_QUERY}},
+                {"name": "agentId", "in": "query", "schema": {"type": "string", "maxLength": 200}},
+                {"name": "status", "in": "query", "schema": {"type": "string", "enum": sorted(STATUS_FILTERS)}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}},
+                {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+            ],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "schema": {"const": "gateway.sessions.v1"},
+                            "sessions": {"type": "array", "items": {"$ref": "#/components/schemas/SessionSummary"}},
+                            "nextCursor": {"type": ["string", "null"]},
+                        },
+                    },
+                    "A page of sessions",
+                ),
+                "400": _ERR,
+                "401": _ERR,
+            },
+        }
+    },
+    "/v1/sessions:delete": {
+        "post": {
+            "summary": "Delete the gateway's history of several sessions (all refused if one has an active run)",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["sessionIds"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "sessionIds": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "maxItems": MAX_BULK,
+                                    "items": {"type": "string", "maxLength": 200},
+                                }
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json({"$ref": "#/components/schemas/SessionsDeleted"}, "What was deleted"),
+                "400": _ERR,
+                "401": _ERR,
+                "409": _ERR,
+            },
+        }
+    },
+    "/v1/sessions/{sessionId}": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "summary": "A session: its runs' transcripts in order and the runtime binding",
+            "responses": {"200": _json({"$ref": "#/components/schemas/SessionDetail"}, "The session"), **_ERRORS},
+        },
+        "patch": {
+            "summary": "Rename (title; empty: the default) and/or pin a session",
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "minProperties": 1,
+                            "properties": {
+                                "title": {"type": "string", "maxLength": 200},
+                                "pinned": {"type": "boolean"},
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {"200": _json({"type": "object"}, "The updated summary"), **_ERRORS},
+        },
+        "delete": {
+            "summary": "Delete the gateway's history of a session (never the agent's own store)",
+            "responses": {
+                "200": _json({"$ref": "#/components/schemas/SessionsDeleted"}, "Deleted"),
+                **_ERRORS,
+                "409": _ERR,
+            },
+        },
+    },
+    "/v1/sessions/{sessionId}/export": {
+        "parameters": [_SESSION_ID],
+        "get": {
+            "summary": "Export a session: runs, transcripts, events and binding (json) or a readable document",
+            "parameters": [
+                {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["json", "markdown"]}}
+            ],
+            "responses": {
+                "200": {
+                    "description": "The export",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/SessionDetail"}},
+                        "text/markdown": {"schema": {"type": "string"}},
+                    },
+                },
+                **_ERRORS,
+            },
+        },
+    },
+    "/v1/sessions/{sessionId}/agent-session": {
+        "parameters": [_SESSION_ID],
+        "delete": {
+            "summary": "Ask the agent to delete its own session (only when the runtime declares it can)",
+            "responses": {
+                "200": _json({"type": "object"}, "Deleted by the agent"),
+                **_ERRORS,
+                "409": _ERR,
+                "502": _ERR,
+            },
+        },
+    },
+}

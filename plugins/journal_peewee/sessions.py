@@ -1,0 +1,441 @@
+"""The session index of the peewee journal: one row per (actor, session) for listing, one digest
+per ended run, and full-text search with the database's own engine.
+
+- ``{prefix}session_index``: what a session list shows (agent, profile/model, title, pinned,
+  counts, last mode and status, created/updated) plus the searchable text (the user's
+  questions, the assistant's finals, tool names, cited and changed files). Listed by keyset
+  on (pinned, updated_at, session_id).
+- ``{prefix}run_digests``: per ended run, what its transcript contributes; a session's
+  searchable text and counts are recomputed from its digests, so indexing a run twice is
+  harmless.
+- Search: SQLite FTS5 (``{prefix}session_fts``, rowid = the index row's id; ``bm25`` rank,
+  ``snippet``); PostgreSQL a ``tsvector`` column with a GIN index (``ts_rank_cd``,
+  ``ts_headline``), text configuration ``simple`` (no stemming: works the same for any language).
+
+Snippets mark hits with U+E000 … U+E001; the API layer escapes the text and turns those into
+``<mark>`` tags.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from agent_gateway import Run
+
+HIT_START, HIT_END = "\ue000", "\ue001"
+ACTIVE_STATUSES = ("pending", "queued", "running", "awaiting_permission")
+# Searchable text kept per column (characters): bounded so a huge session stays indexable.
+MAX_SEARCH_TEXT = 100_000
+TITLE_LENGTH = 80
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+_INDEX_COLUMNS = (
+    "id",
+    "actor_id",
+    "session_id",
+    "workspace_id",
+    "agent_id",
+    "profile",
+    "model",
+    "title",
+    "title_custom",
+    "pinned",
+    "run_count",
+    "message_count",
+    "tool_count",
+    "last_mode",
+    "last_status",
+    "last_run_id",
+    "created_at",
+    "updated_at",
+)
+
+
+def default_title(message: Any) -> str:
+    """The first line of the first user message, cut to TITLE_LENGTH characters."""
+    if not isinstance(message, str):
+        return ""
+    line = next((part.strip() for part in message.splitlines() if part.strip()), "")
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
+
+
+def query_terms(query: str) -> list[str]:
+    """The words of a search query (anything else is dropped: no query syntax reaches the engine)."""
+    return _WORD.findall(query)[:16]
+
+
+class SessionIndexMixin:
+    """Session index methods of :class:`PeeweeStorage` (mixed in; uses its database)."""
+
+    database: Any
+    is_sqlite: bool
+    table_prefix: str
+    models: Any
+
+    def _qualified(self, table: str) -> str:  # provided by PeeweeStorage
+        raise NotImplementedError
+
+    def _write(self) -> Any:  # provided by PeeweeStorage
+        raise NotImplementedError
+
+    # -- tables ---------------------------------------------------------------------------------
+    @property
+    def _si(self) -> str:
+        return self._qualified(f"{self.table_prefix}session_index")
+
+    @property
+    def _rd(self) -> str:
+        return self._qualified(f"{self.table_prefix}run_digests")
+
+    @property
+    def _fts(self) -> str:
+        return self._qualified(f"{self.table_prefix}session_fts")
+
+    def _sql(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        if not self.is_sqlite:
+            sql = sql.replace("?", "%s")
+        return self.database.execute_sql(sql, list(params))
+
+    def _open_session_index(self) -> None:
+        """Create the session index tables (inside open()'s transaction)."""
+        p = self.table_prefix
+        key = "INTEGER PRIMARY KEY AUTOINCREMENT" if self.is_sqlite else "BIGSERIAL PRIMARY KEY"
+        text = ", ".join(f"{c} TEXT NOT NULL DEFAULT ''" for c in ("questions", "answers", "tools", "files"))
+        self._sql(
+            f"CREATE TABLE IF NOT EXISTS {self._si} (id {key}, actor_id TEXT NOT NULL, session_id TEXT NOT NULL,"
+            " workspace_id TEXT NOT NULL, agent_id TEXT NOT NULL, profile TEXT, model TEXT,"
+            " title TEXT NOT NULL DEFAULT '', title_custom INTEGER NOT NULL DEFAULT 0,"
+            " pinned INTEGER NOT NULL DEFAULT 0, run_count INTEGER NOT NULL DEFAULT 0,"
+            " message_count INTEGER NOT NULL DEFAULT 0, tool_count INTEGER NOT NULL DEFAULT 0,"
+            " last_mode TEXT, last_status TEXT, last_run_id TEXT, created_at BIGINT NOT NULL,"
+            f" updated_at BIGINT NOT NULL, {text}, UNIQUE (actor_id, session_id))"
+        )
+        self._sql(
+            f"CREATE INDEX IF NOT EXISTS {p}session_index_order"
+            f" ON {self._si} (actor_id, pinned, updated_at, session_id)"
+        )
+        self._sql(
+            f"CREATE TABLE IF NOT EXISTS {self._rd} (host_run_id TEXT PRIMARY KEY, actor_id TEXT NOT NULL,"
+            " session_id TEXT NOT NULL, created_at BIGINT NOT NULL, status TEXT, question TEXT NOT NULL,"
+            " answer TEXT NOT NULL, tools TEXT NOT NULL, files TEXT NOT NULL, message_count INTEGER NOT NULL,"
+            " tool_count INTEGER NOT NULL, mode TEXT, agent_session_id TEXT)"
+        )
+        self._sql(f"CREATE INDEX IF NOT EXISTS {p}run_digests_session ON {self._rd} (actor_id, session_id)")
+        if self.is_sqlite:
+            self._sql(
+                f"CREATE VIRTUAL TABLE IF NOT EXISTS {self._fts} USING fts5("
+                "title, questions, answers, tools, files, tokenize='unicode61')"
+            )
+        else:
+            self._sql(f"ALTER TABLE {self._si} ADD COLUMN IF NOT EXISTS search_doc tsvector")
+            self._sql(f"CREATE INDEX IF NOT EXISTS {p}session_index_search ON {self._si} USING GIN (search_doc)")
+
+    # -- writes ---------------------------------------------------------------------------------
+    def touch_session_index(self, run: Run) -> None:
+        """Create or update the session's index row from one of its runs (status, agent, mode).
+        An older run than the one last seen changes nothing but the run count."""
+        options = run.request.get("options") if isinstance(run.request.get("options"), dict) else {}
+        profile, model = options.get("profile"), options.get("model")
+        runs = self._qualified(self.models.run._meta.table_name)
+        newer = "excluded.updated_at >= cur.updated_at"
+        with self._write():
+            self._sql(
+                f"INSERT INTO {self._si} AS cur (actor_id, session_id, workspace_id, agent_id, profile, model, title,"
+                " last_status, last_run_id, last_mode, created_at, updated_at, run_count)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)"
+                " ON CONFLICT (actor_id, session_id) DO UPDATE SET"
+                f" agent_id = CASE WHEN {newer} THEN excluded.agent_id ELSE cur.agent_id END,"
+                f" workspace_id = CASE WHEN {newer} THEN excluded.workspace_id ELSE cur.workspace_id END,"
+                f" profile = CASE WHEN {newer} THEN excluded.profile ELSE cur.profile END,"
+                f" model = CASE WHEN {newer} THEN excluded.model ELSE cur.model END,"
+                f" last_status = CASE WHEN {newer} THEN excluded.last_status ELSE cur.last_status END,"
+                f" last_run_id = CASE WHEN {newer} THEN excluded.last_run_id ELSE cur.last_run_id END,"
+                f" last_mode = CASE WHEN {newer} THEN COALESCE(excluded.last_mode, cur.last_mode)"
+                " ELSE cur.last_mode END,"
+                f" updated_at = CASE WHEN {newer} THEN excluded.updated_at ELSE cur.updated_at END,"
+                " created_at = CASE WHEN excluded.created_at < cur.created_at THEN excluded.created_at"
+                " ELSE cur.created_at END,"
+                f" run_count = (SELECT COUNT(*) FROM {runs} r WHERE r.actor_id = cur.actor_id"
+                " AND r.session_id = cur.session_id)",
+                (
+                    run.actor_id,
+                    run.session_id,
+                    run.workspace_id,
+                    run.agent_id,
+                    profile if isinstance(profile, str) else None,
+                    model if isinstance(model, str) else None,
+                    default_title(run.request.get("message")),
+                    run.status,
+                    run.host_run_id,
+                    run.session_mode,
+                    run.created_at,
+                    run.updated_at,
+                ),
+            )
+
+    def put_run_digest(self, digest: dict[str, Any]) -> None:
+        """Store what an ended run contributes to its session (replacing an earlier digest of the
+        same run), then recompute the session's counts and searchable text."""
+        columns = (
+            "host_run_id",
+            "actor_id",
+            "session_id",
+            "created_at",
+            "status",
+            "question",
+            "answer",
+            "tools",
+            "files",
+            "message_count",
+            "tool_count",
+            "mode",
+            "agent_session_id",
+        )
+        updates = ", ".join(f"{c} = excluded.{c}" for c in columns[1:])
+        with self._write():
+            self._sql(
+                f"INSERT INTO {self._rd} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+                f" ON CONFLICT (host_run_id) DO UPDATE SET {updates}",
+                [digest[c] for c in columns],
+            )
+            self._recompute_session(digest["actor_id"], digest["session_id"])
+
+    def _recompute_session(self, actor_id: str, session_id: str) -> None:
+        rows = self._sql(
+            f"SELECT question, answer, tools, files, message_count, tool_count, mode FROM {self._rd}"
+            " WHERE actor_id = ? AND session_id = ? ORDER BY created_at, host_run_id",
+            (actor_id, session_id),
+        ).fetchall()
+        texts: dict[str, list[str]] = {"questions": [], "answers": [], "tools": [], "files": []}
+        messages = tools = 0
+        last_mode = None
+        for question, answer, tool_names, files, message_count, tool_count, mode in rows:
+            for column, value in (
+                ("questions", question),
+                ("answers", answer),
+                ("tools", tool_names),
+                ("files", files),
+            ):
+                if value:
+                    texts[column].append(value)
+            messages += message_count
+            tools += tool_count
+            last_mode = mode or last_mode
+        joined = {column: "\n".join(parts)[:MAX_SEARCH_TEXT] for column, parts in texts.items()}
+        self._sql(
+            f"UPDATE {self._si} SET questions = ?, answers = ?, tools = ?, files = ?, message_count = ?,"
+            " tool_count = ?, last_mode = COALESCE(?, last_mode) WHERE actor_id = ? AND session_id = ?",
+            (
+                joined["questions"],
+                joined["answers"],
+                joined["tools"],
+                joined["files"],
+                messages,
+                tools,
+                last_mode,
+                actor_id,
+                session_id,
+            ),
+        )
+        self._reindex_search(actor_id, session_id)
+
+    def _reindex_search(self, actor_id: str, session_id: str) -> None:
+        if not self.is_sqlite:
+            self._sql(
+                f"UPDATE {self._si} SET search_doc ="
+                " setweight(to_tsvector('simple', title), 'A') || setweight(to_tsvector('simple', questions), 'A')"
+                " || setweight(to_tsvector('simple', answers), 'B') || setweight(to_tsvector('simple', tools), 'C')"
+                " || setweight(to_tsvector('simple', files), 'C') WHERE actor_id = ? AND session_id = ?",
+                (actor_id, session_id),
+            )
+            return
+        row = self._sql(
+            f"SELECT id, title, questions, answers, tools, files FROM {self._si} WHERE actor_id = ? AND session_id = ?",
+            (actor_id, session_id),
+        ).fetchone()
+        if row is None:
+            return
+        self._sql(f"DELETE FROM {self._fts} WHERE rowid = ?", (row[0],))
+        self._sql(
+            f"INSERT INTO {self._fts} (rowid, title, questions, answers, tools, files) VALUES (?, ?, ?, ?, ?, ?)", row
+        )
+
+    def update_session_index(
+        self, actor_id: str, session_id: str, *, title: str | None = None, pinned: bool | None = None
+    ) -> bool:
+        """Set a session's title (a custom one; "" goes back to the default) and/or pinned flag.
+        False when the session has no index row."""
+        with self._write():
+            if (
+                self._sql(
+                    f"SELECT 1 FROM {self._si} WHERE actor_id = ? AND session_id = ?", (actor_id, session_id)
+                ).fetchone()
+                is None
+            ):
+                return False
+            if pinned is not None:
+                self._sql(
+                    f"UPDATE {self._si} SET pinned = ? WHERE actor_id = ? AND session_id = ?",
+                    (1 if pinned else 0, actor_id, session_id),
+                )
+            if title is not None:
+                custom = bool(title.strip())
+                if not custom:
+                    title = default_title(self._first_question(actor_id, session_id))
+                self._sql(
+                    f"UPDATE {self._si} SET title = ?, title_custom = ? WHERE actor_id = ? AND session_id = ?",
+                    (title, 1 if custom else 0, actor_id, session_id),
+                )
+                self._reindex_search(actor_id, session_id)
+        return True
+
+    def _first_question(self, actor_id: str, session_id: str) -> str | None:
+        model = self.models.run
+        row = (
+            model.select(model.request)
+            .where((model.actor_id == actor_id) & (model.session_id == session_id))
+            .order_by(model.created_at, model.host_run_id)
+            .tuples()
+            .first()
+        )
+        if row is None:
+            return None
+        message = json.loads(row[0] or "{}").get("message")
+        return message if isinstance(message, str) else None
+
+    def delete_session_history(self, actor_id: str, session_id: str) -> bool:
+        """Remove the gateway's history of one session: its runs, events, receipts, session record,
+        digests and index/search rows. False when there was nothing to remove."""
+        runs = self._qualified(self.models.run._meta.table_name)
+        events = self._qualified(self.models.event._meta.table_name)
+        receipts = self._qualified(self.models.receipt._meta.table_name)
+        records = self._qualified(self.models.session._meta.table_name)
+        key = (actor_id, session_id)
+        owned = f"(SELECT host_run_id FROM {runs} WHERE actor_id = ? AND session_id = ?)"
+        with self._write():
+            found = self._sql(f"SELECT id FROM {self._si} WHERE actor_id = ? AND session_id = ?", key).fetchone()
+            run_count = self._sql(f"SELECT COUNT(*) FROM {runs} WHERE actor_id = ? AND session_id = ?", key).fetchone()
+            if found is None and not run_count[0]:
+                return False
+            self._sql(f"DELETE FROM {events} WHERE host_run_id IN {owned}", key)
+            self._sql(f"DELETE FROM {receipts} WHERE host_run_id IN {owned}", key)
+            self._sql(f"DELETE FROM {self._rd} WHERE actor_id = ? AND session_id = ?", key)
+            self._sql(f"DELETE FROM {runs} WHERE actor_id = ? AND session_id = ?", key)
+            self._sql(f"DELETE FROM {records} WHERE actor_id = ? AND session_id = ?", key)
+            if found is not None:
+                if self.is_sqlite:
+                    self._sql(f"DELETE FROM {self._fts} WHERE rowid = ?", (found[0],))
+                self._sql(f"DELETE FROM {self._si} WHERE id = ?", (found[0],))
+        return True
+
+    # -- reads ------------------------------------------------------------------------------------
+    @staticmethod
+    def _index_row(row: Sequence[Any]) -> dict[str, Any]:
+        return dict(zip(_INDEX_COLUMNS, row, strict=False))
+
+    def get_session_index(self, actor_id: str, session_id: str) -> dict[str, Any] | None:
+        row = self._sql(
+            f"SELECT {', '.join(_INDEX_COLUMNS)} FROM {self._si} WHERE actor_id = ? AND session_id = ?",
+            (actor_id, session_id),
+        ).fetchone()
+        return self._index_row(row) if row else None
+
+    def list_session_index(
+        self,
+        actor_id: str,
+        *,
+        agent_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 50,
+        after: tuple[int, int, str] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Index rows, pinned first, then most recently updated (keyset: ``after`` is the
+        (pinned, updated_at, session_id) of the last row of the previous page)."""
+        where, params = self._filters(actor_id, agent_id, statuses, "")
+        if after is not None:
+            pinned, updated_at, session_id = after
+            where += " AND (pinned < ? OR (pinned = ? AND (updated_at < ? OR (updated_at = ? AND session_id < ?))))"
+            params += [pinned, pinned, updated_at, updated_at, session_id]
+        rows = self._sql(
+            f"SELECT {', '.join(_INDEX_COLUMNS)} FROM {self._si} WHERE {where}"
+            " ORDER BY pinned DESC, updated_at DESC, session_id DESC LIMIT ?",
+            [*params, limit],
+        ).fetchall()
+        return [self._index_row(row) for row in rows]
+
+    def _filters(
+        self, actor_id: str, agent_id: str | None, statuses: Sequence[str] | None, alias: str
+    ) -> tuple[str, list[Any]]:
+        where, params = f"{alias}actor_id = ?", [actor_id]
+        if agent_id is not None:
+            where += f" AND {alias}agent_id = ?"
+            params.append(agent_id)
+        if statuses is not None:
+            where += f" AND {alias}last_status IN ({', '.join('?' * len(statuses))})"
+            params.extend(statuses)
+        return where, params
+
+    def search_session_index(
+        self,
+        actor_id: str,
+        query: str,
+        *,
+        agent_id: str | None = None,
+        statuses: Sequence[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Sessions matching every word of ``query`` (prefixes match), best first, each with a
+        ``snippet`` whose hits are between HIT_START and HIT_END."""
+        terms = query_terms(query)
+        if not terms:
+            return []
+        columns = ", ".join(f"si.{c}" for c in _INDEX_COLUMNS)
+        where, params = self._filters(actor_id, agent_id, statuses, "si.")
+        if self.is_sqlite:
+            match = " ".join('"' + term.replace('"', '""') + '"*' for term in terms)
+            rows = self._sql(
+                f"SELECT {columns}, snippet({self._fts}, -1, ?, ?, '…', 16) AS snip,"
+                f" bm25({self._fts}, 6.0, 4.0, 2.0, 1.0, 1.0) AS score"
+                f" FROM {self._fts} JOIN {self._si} si ON si.id = {self._fts}.rowid"
+                f" WHERE {self._fts} MATCH ? AND {where} ORDER BY score, si.session_id LIMIT ? OFFSET ?",
+                [HIT_START, HIT_END, match, *params, limit, offset],
+            ).fetchall()
+        else:
+            tsquery = " & ".join(f"{term}:*" for term in terms)
+            options = f"StartSel={HIT_START}, StopSel={HIT_END}, MaxFragments=2, MaxWords=24, MinWords=6"
+            rows = self._sql(
+                f"SELECT {', '.join(f'hit.{c}' for c in _INDEX_COLUMNS)}, ts_headline('simple',"
+                " concat_ws(' … ', hit.title, hit.questions, hit.answers, hit.tools, hit.files), hit.q, ?) AS snip,"
+                f" hit.score FROM (SELECT {columns}, si.questions, si.answers, si.tools, si.files,"
+                " q, ts_rank_cd(si.search_doc, q) AS score"
+                f" FROM {self._si} si, to_tsquery('simple', ?) q WHERE si.search_doc @@ q AND {where}"
+                " ORDER BY score DESC, si.session_id LIMIT ? OFFSET ?) hit ORDER BY hit.score DESC, hit.session_id",
+                [options, tsquery, *params, limit, offset],
+            ).fetchall()
+        found = []
+        for row in rows:
+            item = self._index_row(row)
+            item["snippet"], item["score"] = row[len(_INDEX_COLUMNS)], float(row[len(_INDEX_COLUMNS) + 1])
+            found.append(item)
+        return found
+
+    def runs_without_digest(self, limit: int = 1000) -> list[Run]:
+        """Ended runs whose digest is missing (e.g. marked interrupted at start-up)."""
+        model = self.models.run
+        runs = self._qualified(model._meta.table_name)
+        rows = self._sql(
+            f"SELECT r.host_run_id FROM {runs} r LEFT JOIN {self._rd} d ON d.host_run_id = r.host_run_id"
+            " WHERE d.host_run_id IS NULL AND r.status IN ('completed', 'failed', 'cancelled', 'interrupted')"
+            " LIMIT ?",
+            (limit,),
+        ).fetchall()
+        found = []
+        for (host_run_id,) in rows:
+            run = self.get_run(host_run_id)  # type: ignore[attr-defined]
+            if run is not None:
+                found.append(run)
+        return found

@@ -1,0 +1,397 @@
+"""The web console in a real browser: Playwright for Python driving the system Chromium
+(`/usr/bin/chromium`, Debian package `chromium`; the test command installs it).
+
+Each test starts a real `agent-gateway serve` process (chat-only on the scriptable fake upstream,
+the fake ACP agent through an `[acp_agents.fake]` table) and opens its console at `/`. Every wait
+is Playwright's auto-wait / `expect` with a bounded timeout, never a sleep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from agent_gateway import Turn, TurnOutcome, hookimpl
+from agent_gateway.runtime import RuntimePolicy
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._harness import FAKE_ACP_AGENT, GatewayProcess, start_gateway_process
+
+CHROMIUM = "/usr/bin/chromium"
+WAIT_MS = 30_000
+expect.set_options(timeout=WAIT_MS)  # every expect below waits at most this long
+CHROMIUM_INSTALLED = Path(CHROMIUM).exists()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    assert CHROMIUM_INSTALLED, f"{CHROMIUM} is missing: install the Debian package chromium (test-all.sh does)"
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """start(upstream=..., acp=[...behaviour args], port=...) -> GatewayProcess; the same data
+    directory each time, so a second start is a restart."""
+    started: list[GatewayProcess] = []
+
+    async def start(upstream: str = "", acp: Sequence[str] = (), port: int = 0, toml: str = "") -> GatewayProcess:
+        config = tmp_path / "gateway.toml"
+        if acp:
+            command = json.dumps([sys.executable, FAKE_ACP_AGENT, *acp])
+            toml += f"\n[acp_agents.fake]\ncommand = {command}\n"
+        config.write_text(toml, encoding="utf-8")
+        env = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": upstream or "http://127.0.0.1:9/v1"}
+        env["AGENT_GATEWAY__CHAT_ONLY__MODEL"] = "m"
+        args = ["--config", str(config), *(["--port", str(port)] if port else [])]
+        gateway = await start_gateway_process(
+            tmp_path / "data", tmp_path / f"gateway-{len(started)}.log", env=env, args=args
+        )
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        with contextlib.suppress(ProcessLookupError):
+            await gateway.stop()
+
+
+async def open_console(browser: Browser, url: str) -> Page:
+    page = await browser.new_page(viewport={"width": 1280, "height": 860})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(url + "/")
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    assert errors == []
+    return page
+
+
+async def send(page: Page, text: str, agent: str = "chat-only") -> None:
+    await page.select_option("#agent", agent)
+    await page.fill("#message", text)
+    await page.click("#send")
+
+
+async def api(url: str, method: str, path: str, body: Any = None, token: str = "") -> Any:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        async with http.request(method, url + path, json=body, headers=headers) as response:
+            assert response.status < 300, await response.text()
+            return await response.json()
+
+
+async def test_the_second_turn_only_says_yes_and_the_answer_uses_the_first(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    fake_llm.add("Shall I paint the fence blue?")
+    fake_llm.default = lambda body: (
+        "Painting the fence blue now."
+        if any("fence" in str(m.get("content")) for m in body["messages"])
+        else "I do not know what you mean."
+    )
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    await send(page, "The fence looks dull.")
+    await expect(page.locator(".bubble.assistant").nth(0)).to_have_text("Shall I paint the fence blue?")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    await send(page, "可以")
+    await expect(page.locator(".bubble.assistant").nth(1)).to_have_text("Painting the fence blue now.")
+    second = fake_llm.requests[1]["messages"]
+    contents = [str(m.get("content")) for m in second]
+    assert "The fence looks dull." in " ".join(contents)
+    assert "Shall I paint the fence blue?" in " ".join(contents)
+    assert contents[-1] == "可以"
+    await expect(page.locator(".bubble.user")).to_have_text(["The fence looks dull.", "可以"])
+    await expect(page.locator("#h-busy")).to_be_hidden()
+
+
+async def test_3000_thought_deltas_then_the_end_clear_the_busy_state(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    thoughts = "".join(chr(ord("a") + i % 26) for i in range(3000))
+    fake_llm.default = Reply(reasoning=thoughts, text="All thought through.", chunk_size=1)
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    await send(page, "think hard")
+    await expect(page.locator(".bubble.assistant")).to_have_text("All thought through.")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-busy")).to_be_hidden()
+    await expect(page.locator("#cancel")).to_be_hidden()
+    # Thoughts are folded, never in the answer, and none was lost.
+    await expect(page.locator("details.thoughts")).not_to_have_attribute("open", "")
+    await expect(page.locator("details.thoughts pre")).to_have_text(thoughts)
+    run_id = await page.locator("article.run").get_attribute("data-host-run-id")
+    receipt = await api(gateway.url, "GET", f"/v1/runs/{run_id}")
+    assert receipt["status"] == "completed"
+
+
+async def test_a_load_with_replay_after_a_restart_shows_no_duplicated_bubbles(
+    browser: Browser, tmp_path: Path, start_gateway: Any
+) -> None:
+    agent = ["--behaviour", "replay", "--state-dir", str(tmp_path / "agent-state")]
+    first = await start_gateway(acp=agent)
+    page = await open_console(browser, first.url)
+    await send(page, "first question", agent="fake")
+    await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question"])
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    session_url = page.url
+    await first.stop()
+    second = await start_gateway(acp=agent)
+    await page.goto(second.url + "/" + session_url.split("/", 3)[3])
+    await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question"])
+    await send(page, "second question", agent="fake")
+    await expect(page.locator("#h-mode")).to_have_text("loaded")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator(".bubble.user")).to_have_text(["first question", "second question"])
+    await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question", "echo: second question"])
+    await page.reload()
+    await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question", "echo: second question"])
+    await expect(page.locator("#h-mode")).to_have_text("loaded")
+
+
+async def test_a_permission_is_answered_from_the_page(browser: Browser, start_gateway: Any) -> None:
+    gateway = await start_gateway(acp=["--behaviour", "permission"])
+    page = await open_console(browser, gateway.url)
+    await send(page, "write the file", agent="fake")
+    card = page.locator(".card.permission")
+    await expect(page.locator("#h-status")).to_have_text("awaiting_permission")
+    await card.get_by_role("button", name="allow", exact=False).first.click()
+    await expect(card.locator(".decision")).to_contain_text("allow_once")
+    await expect(page.locator(".bubble.assistant")).to_have_text("permission: allow_once")
+    await expect(page.locator(".card.tool")).to_have_count(1)
+    await expect(page.locator("#h-status")).to_have_text("completed")
+
+
+async def test_sessions_list_detail_search_export_rename_delete(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    fake_llm.default = lambda body: f"About {body['messages'][-1]['content']}."
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    await send(page, "giraffes in the savanna")
+    await expect(page.locator(".bubble.assistant")).to_have_text("About giraffes in the savanna.")
+    await page.click("#new-chat")
+    await send(page, "penguins on the ice")
+    await expect(page.locator(".bubble.assistant")).to_have_text("About penguins on the ice.")
+    sessions = page.locator("#sessions .session")
+    await expect(sessions).to_have_count(2)
+    # search with snippets
+    await page.fill("#search", "giraff")
+    await expect(sessions).to_have_count(1)
+    await expect(sessions.locator(".snippet mark").first).to_contain_text("giraff", ignore_case=True)
+    # detail
+    await sessions.first.click()
+    await expect(page.locator(".bubble.user")).to_have_text(["giraffes in the savanna"])
+    session_id = await page.locator("#h-session").text_content()
+    # export (a download of the JSON export)
+    async with page.expect_download() as download_info:
+        await page.click("#export-json")
+    saved = await (await download_info.value).path()
+    exported = json.loads(saved.read_bytes())
+    assert exported["session"]["sessionId"] == session_id
+    assert exported["runs"][0]["transcript"]["answer"]["text"] == "About giraffes in the savanna."
+    # rename
+    page.once("dialog", lambda dialog: dialog.accept("Tall animals"))
+    await page.click("#rename")
+    await page.fill("#search", "")
+    await expect(sessions.filter(has_text="Tall animals")).to_have_count(1)
+    # delete
+    page.once("dialog", lambda dialog: dialog.accept())
+    await page.click("#delete")
+    await expect(sessions).to_have_count(1)
+    await expect(sessions.first).to_contain_text("penguins on the ice")
+    listed = await api(gateway.url, "GET", "/v1/sessions")
+    assert [s["title"] for s in listed["sessions"]] == ["penguins on the ice"]
+
+
+async def test_a_reload_mid_stream_loses_and_doubles_no_text(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    answer = " ".join(f"w{i}" for i in range(400))
+    fake_llm.default = Reply(text=answer, chunk_size=4, delay=0.02)  # ~10 s of streaming: reloaded long before the end
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    await send(page, "count")
+    await expect(page.locator("#h-busy")).to_be_visible()
+    await expect(page.locator(".bubble.assistant")).to_contain_text("w20 ")
+    await page.reload()
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await expect(page.locator("#h-busy")).to_be_visible()  # found the active run and follows it
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator(".bubble.assistant")).to_have_text(answer)
+    await expect(page.locator("#h-busy")).to_be_hidden()
+    await expect(page.locator("article.run")).to_have_count(1)
+
+
+async def test_the_gateway_killed_and_restarted_under_an_open_page(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    fake_llm.add(Reply(text="never finished", hang=True))
+    fake_llm.default = "Back in business."
+    port = free_port()
+    first = await start_gateway(fake_llm.base_url, port=port)
+    page = await open_console(browser, first.url)
+    await send(page, "start something long")
+    await expect(page.locator("#h-busy")).to_be_visible()
+    first.kill()
+    assert await first.wait() != 0
+    await expect(page.locator("#h-conn")).to_be_visible()  # the page knows it lost the stream
+    second = await start_gateway(fake_llm.base_url, port=port)
+    assert second.url == first.url
+    await expect(page.locator("#h-status")).to_have_text("interrupted")
+    await expect(page.locator(".run-status")).to_contain_text("interrupted")
+    await expect(page.locator("#h-busy")).to_be_hidden()
+    await expect(page.locator("#h-conn")).to_be_hidden()
+    await send(page, "and now?")
+    await expect(page.locator(".bubble.assistant").nth(1)).to_have_text("Back in business.")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+
+
+async def test_the_settings_form_comes_from_the_descriptor_and_saves_preferences(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    descriptor = await api(gateway.url, "GET", "/v1/agents/chat-only")
+    await page.click("#settings summary")
+    inputs = page.locator("#settings-form [data-key]")
+    await expect(inputs).to_have_count(len(descriptor["fields"]))
+    await page.fill("[data-key='ai.agent.chat-only.model']", "bigger-model")
+    await page.click("#settings-save")
+    await expect(page.locator("#settings-note")).to_have_text("saved")
+    saved = await api(gateway.url, "GET", "/v1/preferences")
+    assert saved["values"] == {"ai.agent.chat-only.model": "bigger-model"}  # only what changed
+    await send(page, "which model?")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    assert fake_llm.requests[-1]["model"] == "bigger-model"
+
+
+async def test_a_gateway_with_tokens_prompts_for_one(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    gateway = await start_gateway(fake_llm.base_url, toml='[auth]\ntokens = {"tok-alice-0123456789abcdef" = "alice"}\n')
+    page = await browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(gateway.url + "/")  # the page itself is public
+    dialog = page.locator("#token-dialog")
+    await expect(dialog).to_be_visible()
+    await page.fill("#token", "wrong")
+    await page.click("#token-ok")
+    await expect(page.locator("#token-error")).to_have_text("That token was not accepted.")
+    await page.fill("#token", "tok-alice-0123456789abcdef")
+    await page.click("#token-ok")
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await send(page, "hello with a token")
+    await expect(page.locator(".bubble.assistant")).to_have_text("echo: hello with a token")
+    listed = await api(gateway.url, "GET", "/v1/sessions", token="tok-alice-0123456789abcdef")
+    assert [s["title"] for s in listed["sessions"]] == ["hello with a token"]
+    await page.reload()  # the token is kept for the tab (sessionStorage): no second prompt
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await expect(dialog).to_be_hidden()
+
+
+class ShowcaseRuntime:
+    """One turn with every part of the transcript: a plan, a tool card with a receipt and a
+    citation, a files.changed notice, thoughts and an answer."""
+
+    agent_id = "showcase"
+    display_name = "Showcase (tests)"
+    provider = "tests"
+
+    def __init__(self) -> None:
+        self.policy = RuntimePolicy(context_carrier="none")
+
+    def describe(self) -> dict[str, Any]:
+        return {"capabilities": []}
+
+    async def run_turn(self, turn: Turn) -> TurnOutcome:
+        await turn.set_session_mode("new_session", {"agentSessionId": "agent-sess-7"})
+        await turn.emit(
+            "plan.updated",
+            {
+                "entries": [
+                    {"content": "Read the guide", "status": "completed"},
+                    {"content": "Write the notes", "status": "pending"},
+                ]
+            },
+        )
+        await turn.emit("thought.delta", {"text": "The guide is the best source."})
+        await turn.emit(
+            "tool.started", {"toolCallId": "call-1", "title": "Search the knowledge base", "kind": "search"}
+        )
+        await turn.emit(
+            "tool.completed",
+            {
+                "toolCallId": "call-1",
+                "status": "completed",
+                "receiptId": "rcpt-42",
+                "rawOutput": {
+                    "citationMarkdown": "[Fence guide](https://example.org/fence)",
+                    "citationUrl": "https://example.org/fence",
+                    "title": "Fence guide",
+                },
+            },
+        )
+        await turn.emit("files.changed", {"changes": [{"path": "notes/fence.md", "kind": "modified"}]})
+        await turn.emit("message.delta", {"text": "Two coats, "})
+        await turn.emit("message.delta", {"text": "a day apart."})
+        return TurnOutcome("completed", None)
+
+    async def close(self) -> None:
+        pass
+
+
+class ShowcasePlugin:
+    @hookimpl
+    def register_runtimes(self, register: Any, config: Any) -> None:
+        register(ShowcaseRuntime())
+
+
+async def test_the_transcript_parts_render_on_both_backends(
+    browser: Browser, make_gateway: Any, storage_kind: str
+) -> None:
+    client = await make_gateway(storage=storage_kind, extra_plugins=(ShowcasePlugin(),))
+    url = str(client.make_url("")).rstrip("/")
+    page = await open_console(browser, url)
+    await send(page, "How do I paint the fence?", agent="showcase")
+    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator(".bubble.assistant")).to_have_text("Two coats, a day apart.")
+    await expect(page.locator("details.thoughts")).to_contain_text("Thoughts (1 chunk)")
+    await expect(page.locator(".card.plan li")).to_have_text(["Read the guide", "Write the notes"])
+    tool = page.locator(".card.tool")
+    await expect(tool).to_contain_text("Search the knowledge base")
+    await expect(tool.locator(".receipt")).to_have_text("receipt rcpt-42")
+    await expect(page.locator(".citations a")).to_have_attribute("href", "https://example.org/fence")
+    await expect(page.locator(".citations a")).to_have_text("Fence guide")
+    await expect(page.locator(".files-changed")).to_have_text("File modified: notes/fence.md")
+    await expect(page.locator("#h-mode")).to_have_text("new_session")
+    await expect(page.locator("#h-agent-session")).to_have_text("agent-sess-7")
+    await expect(page.locator("#h-runtime")).to_have_text("Showcase (tests) (showcase)")
+    # the same view from the stored history (the session detail), after a reload
+    await page.reload()
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await expect(page.locator(".bubble.assistant")).to_have_text("Two coats, a day apart.")
+    await expect(page.locator(".card.tool .receipt")).to_have_text("receipt rcpt-42")
+    await expect(page.locator(".files-changed")).to_have_count(1)
+    await page.fill("#search", "fence")
+    await expect(page.locator("#sessions .session .snippet mark").first).to_be_visible()
