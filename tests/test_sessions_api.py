@@ -218,14 +218,16 @@ async def test_pages_rename_pin_and_filters(make_gateway: Any, storage_kind: str
         error = await get_json(client, "/v1/sessions", expect=400, **params)
         assert error["error"]["code"].startswith("invalid_")
     search_cursor = (await get_json(client, "/v1/sessions", q="question", limit="1"))["nextCursor"]
-    error = await get_json(client, "/v1/sessions", expect=400, cursor=search_cursor)  # a search cursor for a list
-    assert error["error"]["code"] == "invalid_cursor"
+    # a search cursor for a list: well-formed, but there is no such page
+    error = await get_json(client, "/v1/sessions", expect=404, cursor=search_cursor)
+    assert error["error"]["code"] == "cursor_not_found"
     response = await client.patch("/v1/sessions/s1", json={"pinned": "yes"}, headers=auth(ALICE))
     assert response.status == 400
     response = await client.patch("/v1/sessions/nope", json={"pinned": True}, headers=auth(ALICE))
     assert response.status == 404
     await get_json(client, "/v1/sessions/" + "x" * 300, expect=400)
-    await get_json(client, "/v1/sessions/a%01b", expect=400)
+    await get_json(client, "/v1/sessions/%20%09", expect=400)  # no visible character: not an id
+    await get_json(client, "/v1/sessions/a%01b", expect=404)  # an id as runs accept them; no such session
     await get_json(client, "/v1/sessions/a%00b/export", expect=400)
 
 

@@ -14,6 +14,7 @@ import binascii
 import html
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ from aiohttp import web
 from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
 from agent_gateway.errors import ApiError, read_json
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps
-from agent_gateway.runs import MAX_ID_LENGTH
+from agent_gateway.runs import MAX_ID_LENGTH, VISIBLE
 from agent_gateway.transcript import project_transcript, run_transcript
 
 if TYPE_CHECKING:
@@ -147,13 +148,20 @@ def _session_id(request: web.Request) -> str:
 
 
 def check_session_id(value: Any, name: str = "session id", code: str = "invalid_session_id") -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ApiError(400, code, f"a {name} must be a non-empty string")
+    """The rule runs use for their ids (``VISIBLE``: at least one visible character), plus what
+    no storage backend can hold (NUL, a lone surrogate)."""
+    if not isinstance(value, str) or not VISIBLE.search(value):
+        raise ApiError(400, code, f"a {name} must be a string with a visible character")
     if len(value) > MAX_ID_LENGTH:
         raise ApiError(400, code, f"a {name} must be at most {MAX_ID_LENGTH} characters")
-    if any(ord(c) < 32 or 0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise ApiError(400, code, f"a {name} must not contain control characters")
+    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise ApiError(400, code, f"a {name} must not contain NUL or a lone surrogate")
     return value
+
+
+# What encode_cursor writes: unpadded URL-safe base64.
+CURSOR_PATTERN = "^[A-Za-z0-9_-]{0,1000}$"  # empty: the first page
+CURSOR_SHAPE = re.compile(CURSOR_PATTERN)
 
 
 def _limit(request: web.Request) -> int:
@@ -176,7 +184,7 @@ def decode_cursor(text: str, search: bool) -> Any:
     try:
         value = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
     except (ValueError, binascii.Error, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned") from exc
+        raise _unknown_cursor() from exc
     if search:
         if isinstance(value, list) and len(value) == 2 and value[0] == "s" and type(value[1]) is int:
             if 0 <= value[1] <= 100_000:
@@ -190,7 +198,13 @@ def decode_cursor(text: str, search: bool) -> Any:
         and isinstance(value[3], str)
     ):
         return (value[1], value[2], value[3])
-    raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned (or from another query)")
+    raise _unknown_cursor()
+
+
+def _unknown_cursor() -> ApiError:
+    # Well-formed (the documented pattern; anything else is a 400) but not a page this API
+    # handed out, or one of another query: there is no such page.
+    return ApiError(404, "cursor_not_found", "cursor: not a cursor this API returned (or from another query)")
 
 
 def highlight(snippet: str | None) -> str:
@@ -248,14 +262,16 @@ class SessionRoutes:
         query = request.query.get("q", "").strip()
         if len(query) > MAX_QUERY or "\x00" in query:
             raise ApiError(400, "invalid_query", f"q must be at most {MAX_QUERY} characters, without NUL")
-        agent_id = request.query.get("agentId") or None
-        if agent_id is not None:
-            agent_id = check_session_id(agent_id, "agentId", "invalid_agent_id")
+        agent_id = request.query.get("agentId") or None  # a filter: any id, "" for none
+        if agent_id is not None and (len(agent_id) > MAX_ID_LENGTH or "\x00" in agent_id):
+            raise ApiError(400, "invalid_agent_id", f"agentId must be at most {MAX_ID_LENGTH} characters, without NUL")
         status = request.query.get("status") or None
         if status is not None and status not in STATUS_FILTERS:
             raise ApiError(400, "invalid_status", "unknown status filter", known=sorted(STATUS_FILTERS))
         statuses = sorted(ACTIVE_STATUSES) if status == "active" else ([status] if status else None)
         cursor = request.query.get("cursor") or None
+        if cursor is not None and not CURSOR_SHAPE.fullmatch(cursor):
+            raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned")
         await self.indexer.settle()
         actor_id = request["actor"]
         storage = self.gw.storage
@@ -373,8 +389,6 @@ class SessionRoutes:
         title, pinned = body.get("title"), body.get("pinned")
         if title is not None and (not isinstance(title, str) or len(title) > 200):
             raise ApiError(400, "invalid_request", 'title must be a string of at most 200 characters ("": default)')
-        if title is not None and any(ord(c) < 32 for c in title):
-            raise ApiError(400, "invalid_request", "title must not contain control characters")
         if pinned is not None and not isinstance(pinned, bool):
             raise ApiError(400, "invalid_request", "pinned must be true or false")
         actor_id, session_id, _row = await self._row(request)
@@ -519,9 +533,35 @@ def setup(app: web.Application, gateway: Gateway) -> None:
 # -- OpenAPI: this module's path items, merged into /openapi.json by routes/system.py -----------------
 # (Kept here, self-contained, so gateway/openapi.json can change independently.)
 
-_ERR = {"$ref": "#/components/responses/Error"}
-_SESSION_ID = {"name": "sessionId", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
-_ERRORS = {"400": _ERR, "401": _ERR, "404": _ERR}
+# The error responses gateway/openapi.json defines, by status.
+_ERROR_RESPONSES = {
+    "400": "BadRequest",
+    "401": "Unauthorized",
+    "403": "Forbidden",
+    "404": "NotFound",
+    "409": "Conflict",
+    "413": "PayloadTooLarge",
+    "415": "UnsupportedMediaType",
+    "503": "ServiceUnavailable",
+}
+_BAD_GATEWAY = {
+    "description": "the agent could not delete its session",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+}
+
+
+def _err(status: str) -> dict[str, Any]:
+    if status == "502":
+        return _BAD_GATEWAY
+    return {"$ref": f"#/components/responses/{_ERROR_RESPONSES[status]}"}
+
+
+_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": VISIBLE.pattern}
+_SESSION_ID = {"name": "sessionId", "in": "path", "required": True, "schema": _ID_SCHEMA}
+# What every sessions route can answer besides its own statuses.
+_ERRORS = {status: _err(status) for status in ("400", "401", "403", "404", "503")}
+# ... and a route that reads a JSON body.
+_BODY_ERRORS = {status: _err(status) for status in ("413", "415")}
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -611,7 +651,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                 {"name": "agentId", "in": "query", "schema": {"type": "string", "maxLength": 200}},
                 {"name": "status", "in": "query", "schema": {"type": "string", "enum": sorted(STATUS_FILTERS)}},
                 {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}},
-                {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                {"name": "cursor", "in": "query", "schema": {"type": "string", "pattern": CURSOR_PATTERN}},
             ],
             "responses": {
                 "200": _json(
@@ -625,8 +665,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                     },
                     "A page of sessions",
                 ),
-                "400": _ERR,
-                "401": _ERR,
+                **_ERRORS,
             },
         }
     },
@@ -646,7 +685,7 @@ OPENAPI_PATHS: dict[str, Any] = {
                                     "type": "array",
                                     "minItems": 1,
                                     "maxItems": MAX_BULK,
-                                    "items": {"type": "string", "maxLength": 200},
+                                    "items": _ID_SCHEMA,
                                 }
                             },
                         }
@@ -655,9 +694,9 @@ OPENAPI_PATHS: dict[str, Any] = {
             },
             "responses": {
                 "200": _json({"$ref": "#/components/schemas/SessionsDeleted"}, "What was deleted"),
-                "400": _ERR,
-                "401": _ERR,
-                "409": _ERR,
+                **_ERRORS,
+                **_BODY_ERRORS,
+                "409": _err("409"),
             },
         }
     },
@@ -685,14 +724,14 @@ OPENAPI_PATHS: dict[str, Any] = {
                     }
                 },
             },
-            "responses": {"200": _json({"type": "object"}, "The updated summary"), **_ERRORS},
+            "responses": {"200": _json({"type": "object"}, "The updated summary"), **_ERRORS, **_BODY_ERRORS},
         },
         "delete": {
             "summary": "Delete the gateway's history of a session (never the agent's own store)",
             "responses": {
                 "200": _json({"$ref": "#/components/schemas/SessionsDeleted"}, "Deleted"),
                 **_ERRORS,
-                "409": _ERR,
+                "409": _err("409"),
             },
         },
     },
@@ -722,8 +761,8 @@ OPENAPI_PATHS: dict[str, Any] = {
             "responses": {
                 "200": _json({"type": "object"}, "Deleted by the agent"),
                 **_ERRORS,
-                "409": _ERR,
-                "502": _ERR,
+                "409": _err("409"),
+                "502": _err("502"),
             },
         },
     },
