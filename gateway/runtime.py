@@ -24,8 +24,8 @@ class RuntimePolicy:
 
     # Shown to clients: whether the agent remembers earlier turns itself.
     context_carrier: ContextCarrier = "agent_session"
-    # The agent can reopen a stored session after a restart (ACP `session/load`; Pi resumes its
-    # session file): the ACP runtime tries it only when this is true.
+    # The agent can reopen a stored session after a restart (ACP `session/load`, or a runtime's
+    # own session file): the ACP runtime tries it only when this is true.
     load_session: bool = False
     # The agent takes MCP servers over HTTP: the gateway offers its tools as an HTTP MCP server
     # instead of a stdio bridge process.
