@@ -242,7 +242,9 @@ class RunStream:
         if self._beat:  # a heartbeat period went by with nothing to send
             self._beat = False
             self._wakeup.clear()
-            if not self._response.is_connected():
+            # Ask the socket, not aiohttp-sse's ping task (whose end is not always a lost peer).
+            transport = self._transport
+            if transport is None or transport.is_closing():
                 return None
         subscriber = self._subscriber
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
