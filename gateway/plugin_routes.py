@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from agent_gateway.errors import ErrorShape
 from agent_gateway.plugin_host import PluginError
-from agent_gateway.preferences import load_values
+from agent_gateway.preferences import apply_run_defaults, load_values
+from agent_gateway.sse import stream_run
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
     from agent_gateway.config import Config
-    from agent_gateway.models import Run
+    from agent_gateway.models import Event, Run
     from agent_gateway.runtime import Runtime
     from agent_gateway.tools import Tool
 
@@ -61,18 +63,29 @@ class PluginRoutes:
         self._gateway = gateway
         self._router = router
         self._openapi: dict[str, dict[str, Any]] = {}
+        self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
         self._on_shutdown: list[ShutdownCallback] = []
         self._closed = False
 
     # -- declaring routes (only while register_routes runs) -----------------------------------------
-    def add(self, method: str, path: str, handler: Handler, *, openapi: Mapping[str, Any] | None = None) -> None:
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        openapi: Mapping[str, Any] | None = None,
+        error_shape: ErrorShape | None = None,
+    ) -> None:
         """Serve ``method path`` with ``handler`` and describe it in ``/openapi.json``.
 
         ``path`` is under ``/v1/`` and uses aiohttp's ``{variable}`` syntax; name its variables as
         the OpenAPI document does (``{hostRunId}``), they are the same path there. ``openapi`` is
         the OpenAPI operation object (``summary``, ``requestBody``, ``responses``, ...); without
         one the route is listed with a bare placeholder. A route the core or another plugin
-        already serves is a :class:`agent_gateway.PluginError`."""
+        already serves is a :class:`agent_gateway.PluginError`. ``error_shape(status, code,
+        message, extra)``, when given, returns the JSON error body of every refusal on this path
+        (another protocol's error shape), those of the core's middleware (401, 403, 413) included."""
         method = method.upper()
         if self._closed:
             raise PluginError(f"route {method} {path}: routes can only be added while register_routes runs")
@@ -83,9 +96,11 @@ class PluginRoutes:
         if self._serves(method, path):
             raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
         if method == "GET":
-            self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
+            route = self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
         else:
-            self._router.add_route(method, path, handler)
+            route = self._router.add_route(method, path, handler)
+        if error_shape is not None and route.resource is not None:
+            self.error_shapes[route.resource.canonical] = error_shape
         operation = (
             dict(openapi)
             if openapi is not None
@@ -130,6 +145,10 @@ class PluginRoutes:
         self._gateway.workspace_access.require(self.actor(request), workspace_id)
         return self._gateway.config.workspace_roots.get(workspace_id)
 
+    def agent_ids(self) -> list[str]:
+        """The ids of every registered runtime (what ``GET /v1/agents`` lists), sorted."""
+        return sorted(self._gateway.runtimes)
+
     def runtime(self, agent_id: str) -> Runtime | None:
         """The registered runtime of ``agent_id``, or None."""
         return self._gateway.runtimes.get(agent_id)
@@ -147,6 +166,54 @@ class PluginRoutes:
         self._gateway.workspace_access.require(run.actor_id, run.workspace_id)  # else a 404 ApiError
         facade = self._gateway.tools
         return await facade.call(name, arguments, facade.scope_for(run), caller=caller)
+
+    async def create_run(self, request: web.Request, body: Any) -> tuple[Run, bool]:
+        """Create a run for the caller of ``request`` from a ``POST /v1/runs`` body, exactly as that
+        route does (the actor's stored defaults, idempotency by ``requestId``, admission):
+        ``(run, created)``. Raises :class:`agent_gateway.ApiError` (400, 404, 409, 429 with
+        ``extra["retryAfterSeconds"]``) as the route answers."""
+        gateway = self._gateway
+        actor = self.actor(request)
+        body = await apply_run_defaults(gateway, actor, body)
+        gateway.services.setdefault("base_url", str(request.url.origin()))  # agents call back here
+        return await gateway.runs.create(actor, body)
+
+    async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
+        """Cancel the run (as ``POST /v1/runs/{id}/cancel``); the run, or None if not ``actor_id``'s."""
+        return await self._gateway.runs.cancel(host_run_id, actor_id)
+
+    async def wait_run(self, run: Run) -> Run:
+        """Wait until ``run`` (got with :meth:`run`) has ended; its final record."""
+        await self._gateway.runs.wait(run.host_run_id)
+        return await self._gateway.runs.get(run.host_run_id, run.actor_id) or run
+
+    async def read_events(self, run: Run, after_seq: int = 0, limit: int = 5000) -> list[Event]:
+        """Up to ``limit`` events of ``run`` (got with :meth:`run`) with a seq above ``after_seq``."""
+        return await self._gateway.journal.read(run.host_run_id, after_seq, limit)
+
+    async def stream_run(
+        self, request: web.Request, run: Run, encode: Callable[[list[Event]], bytes], after_seq: int = 0
+    ) -> web.StreamResponse:
+        """Answer ``request`` with ``run``'s events after ``after_seq`` as a ``text/event-stream``,
+        replay then live tail with no gap and no duplicate, until the terminal event: the run
+        stream's machinery (heartbeats, slow clients, shutdown) with the plugin's own frames.
+        ``encode(events)`` returns the bytes for each batch: every event of the journal in seq
+        order (a slow client is replayed from the journal, never sent merged deltas), so it may
+        keep state and number what it sends densely."""
+        gateway = self._gateway
+        return await stream_run(
+            request,
+            topic=run.host_run_id,
+            journal=gateway.journal,
+            bus=gateway.bus,
+            after_seq=after_seq,
+            is_finished=lambda: run.is_terminal,
+            capacity=gateway.stream_capacity,
+            heartbeat=gateway.heartbeat,
+            stats=gateway.stream_stats,
+            send_timeout=gateway.stream_send_timeout,
+            encode=encode,
+        )
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""

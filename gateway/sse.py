@@ -114,6 +114,7 @@ class RunStream:
         stats: StreamStats,
         project: Callable[[Event], Any] | None = None,
         send_timeout: float = SEND_TIMEOUT,
+        encode: Callable[[list[Event]], bytes] | None = None,
     ) -> None:
         self._response = response
         self.topic = self._topic = topic
@@ -124,16 +125,20 @@ class RunStream:
         self._heartbeat = heartbeat
         self._stats = stats
         self._project = project
+        self._encode = encode
         self._journal = journal
         # Subscribed before the first journal read, so no event falls between the two.
-        self._subscriber = bus.subscribe(topic, capacity)
+        # An encoder sees every journal event, never a merged delta: replay, not merge, when full.
+        self._subscriber = bus.subscribe(topic, capacity, merge_deltas=encode is None)
         self._wakeup = self._subscriber.wakeup
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
         self._chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
         # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
         # uncompressed) streams.
-        self._can_write_directly = project is None and transport is not None and not response.compression
+        self._can_write_directly = (
+            project is None and encode is None and transport is not None and not response.compression
+        )
         self._loop = asyncio.get_running_loop()
         self._beat = False  # a heartbeat period went by
         self._beat_handle: asyncio.TimerHandle | None = None
@@ -256,10 +261,17 @@ class RunStream:
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
         project = self._project
-        blob = encode_events(events, project) if project is not None else _shared_frames(self._bus, self._topic, events)
+        if self._encode is not None:  # a plugin's own frames (another protocol's SSE)
+            blob = self._encode(events)
+        elif project is not None:
+            blob = encode_events(events, project)
+        else:
+            blob = _shared_frames(self._bus, self._topic, events)
         transport = self._transport
         idle = transport is not None and not transport.get_write_buffer_size()
-        if self._sent and idle and len(blob) + 64 <= self._high_water:
+        if not blob:
+            pass  # nothing the client sees (an encoder skipping what a resumed client has)
+        elif self._sent and idle and len(blob) + 64 <= self._high_water:
             # Headers sent, nothing queued (so not paused) and the batch fits below the
             # high-water mark: the write cannot pause the transport, so it cannot wait for a
             # drain, and needs no send timer.
@@ -309,15 +321,19 @@ async def stream_run(
     stats: StreamStats,
     project: Callable[[Event], Any] | None = None,
     send_timeout: float = SEND_TIMEOUT,
+    encode: Callable[[list[Event]], bytes] | None = None,
 ) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
     terminal event the client already has); `project` maps each event to what the client sees
-    (None: the event's wire JSON). A write that cannot go out within `send_timeout` seconds (the
+    (None: the event's wire JSON); `encode`, when given, builds the bytes of each batch itself
+    (a plugin speaking another SSE dialect; it may keep state across batches, which arrive in
+    seq order, every event of the journal, none merged). A write that cannot go out within `send_timeout` seconds (the
     client stopped reading) ends the stream and drops the connection.
     """
-    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout)
+    # Any method: a plugin's protocol may answer a POST with a stream (OpenAI's `stream: true`).
+    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout, allow_all_methods=True)
     response.headers["X-Accel-Buffering"] = "no"
     await response.prepare(request)
     stream = RunStream(
@@ -333,6 +349,7 @@ async def stream_run(
         stats=stats,
         project=project,
         send_timeout=send_timeout,
+        encode=encode,
     )
     await stream.run()
     return response
