@@ -71,7 +71,11 @@ async def json_errors(
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.code, str(exc), **exc.extra)
+        response = error_response(exc.status, exc.code, str(exc), **exc.extra)
+        retry_after = getattr(exc, "retry_after", None)  # run admission's 429 (AdmissionRefused)
+        if isinstance(retry_after, int):
+            response.headers["Retry-After"] = str(retry_after)
+        return response
     except StorageUnavailable as exc:  # the database is down: say so, without a traceback per request
         log.warning("storage unavailable on %s %s: %s", request.method, request.path, exc)
         response = error_response(503, "storage_unavailable", "the gateway's database is unreachable; retry later")

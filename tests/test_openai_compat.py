@@ -396,6 +396,21 @@ async def test_hostile_response_queries(gateway: TestClient, sdk: openai.AsyncOp
     assert (await bad_input.json())["error"]["param"] == "input"
 
 
+async def test_run_admission_is_an_openai_429_with_retry_after(make_gateway: MakeGateway, fake_llm: FakeOpenAI) -> None:
+    fake_llm.default = Reply(text="never", hang=True)
+    client = await make_gateway(tokens={TOKEN: "alice"}, overrides={"gateway": {"max_active_runs_per_actor": 1}})
+    sdk = await sdk_for(client)
+    try:
+        first = await sdk.responses.create(model="chat-only", input="hang", background=True)
+        with pytest.raises(openai.RateLimitError) as caught:
+            await sdk.responses.create(model="chat-only", input="again", background=True)
+        assert caught.value.response.headers["Retry-After"].isdigit()
+        assert caught.value.body["type"] == "rate_limit_error"  # type: ignore[index]
+        assert (await sdk.responses.cancel(first.id)).status == "cancelled"
+    finally:
+        await sdk.close()
+
+
 async def test_another_actors_response_is_not_found(make_gateway: MakeGateway) -> None:
     client = await make_gateway(tokens={TOKEN: "alice", "tok-bob": "bob"})
     alice, bob = await sdk_for(client), await sdk_for(client, token="tok-bob")
