@@ -134,11 +134,9 @@ class RunStream:
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
         self._chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
-        # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
-        # uncompressed) streams.
-        self._can_write_directly = (
-            project is None and encode is None and transport is not None and not response.compression
-        )
+        # Writing from `publish` bypasses the response's writer: only for plain or encoded
+        # (unprojected, uncompressed) streams.
+        self._can_write_directly = project is None and transport is not None and not response.compression
         self._loop = asyncio.get_running_loop()
         self._beat = False  # a heartbeat period went by
         self._beat_handle: asyncio.TimerHandle | None = None
@@ -296,8 +294,12 @@ class RunStream:
             return False
         if transport.get_write_buffer_size():
             return False  # the client is not keeping up: buffer (merge, replay) as usual
-        blob = frames if frames is not None else encode_events(events)
-        transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if self._chunked else blob)
+        if self._encode is not None:  # a plugin's frames: its encoder sees each event once, in order
+            blob = self._encode(events)
+        else:
+            blob = frames if frames is not None else encode_events(events)
+        if blob:
+            transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if self._chunked else blob)
         self._stats.delivered += len(events)
         last = events[-1]
         self._last = last.seq

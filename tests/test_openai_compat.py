@@ -8,7 +8,9 @@ its entry point, as every built-in plugin is.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,7 +23,7 @@ from aiohttp.test_utils import TestClient
 from agent_gateway import AcpAgentSpec, AcpRuntime, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway
+from tests.conftest import WAIT, MakeGateway, gateway_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok-openai-alice"
@@ -297,6 +299,57 @@ async def test_cancel_a_background_response(make_gateway: MakeGateway, fake_llm:
         assert (await sdk.responses.retrieve(response_id)).status == "cancelled"
     finally:
         await sdk.close()
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, rest = [], body
+    for _ in range(1_000_000):
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(rest[:size])
+        rest = rest[size + 2 :]
+    raise AssertionError("too many chunks")
+
+
+async def test_a_slow_stream_client_is_replayed_never_sent_merged_deltas(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI
+) -> None:
+    """A client that does not read while the run streams: its buffer (8 events) overflows, and it
+    is moved back to the journal instead of getting merged deltas, so every sequence_number is
+    there and the text is whole."""
+    # 8 MB: more than the kernel's socket buffers hold, so the gateway's writes back up.
+    answer = "".join(f"{n:07d}," for n in range(1_000_000))
+    fake_llm.add(Reply(text=answer, chunk_size=8000))
+    client = await make_gateway(overrides={"gateway": {"stream_buffer_events": 8}})
+    gateway = gateway_of(client)
+    ended = asyncio.Event()
+    gateway.runs.listeners.append(lambda run: ended.set() if run.is_terminal else None)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for us
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (client.host, client.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    body = json.dumps({"model": "chat-only", "input": "count", "stream": True}).encode()
+    writer.write(
+        b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    await writer.drain()
+    async with asyncio.timeout(WAIT):
+        await ended.wait()  # the whole answer is out while we read nothing
+        raw = await reader.read()
+    writer.close()
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert b" 200 " in head.split(b"\r\n")[0]
+    frames = [f for f in _dechunk(chunked).decode().split("\n\n") if f.startswith("event:")]
+    events = [json.loads(frame.split("\ndata: ", 1)[1]) for frame in frames]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == answer
+    assert events[-1]["type"] == "response.completed"
+    assert gateway.stream_stats.replays > 0  # the slow path was taken
+    assert gateway.stream_stats.merges == 0
 
 
 # -- auth, errors, hostile input ------------------------------------------------------------------

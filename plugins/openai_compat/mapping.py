@@ -107,9 +107,11 @@ class ChatCompletion:
         self._started = False
         head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b,"choices":[{"index":0,"delta":'
         self._head = head % (dumps(self.id), self.created, dumps(self.model))
-        self._content = self._head + b'{"content":'
-        self._thought = self._head + b'{"reasoning_content":'
-        self._open_tail = b'},"finish_reason":null}]}\n\n'
+        # A delta's whole frame but its JSON text, for `%`: one bytes operation per delta.
+        tail = b'},"finish_reason":null}]}\n\n'
+        escaped = b"data: " + self._head.replace(b"%", b"%%")
+        self._content_frame = escaped + b'{"content":%b' + tail
+        self._thought_frame = escaped + b'{"reasoning_content":%b' + tail
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
         chunk = {
@@ -134,20 +136,22 @@ class ChatCompletion:
     def encode(self, events: list[Event]) -> bytes:
         """The SSE bytes of a batch (``data: <chunk>`` frames; ``data: [DONE]`` after the end)."""
         out: list[bytes] = []
+        append, to_json, content_frame, keep = out.append, orjson.dumps, self._content_frame, self.parts.append
         for event in events:
             kind = event.kind
+            if kind == "message.delta" and event.source != REPLAY_SOURCE:  # the hot path
+                text = event.payload.get("text")
+                if text and isinstance(text, str):
+                    keep(text)
+                    append(content_frame % to_json(text))
+                continue
             if event.source == REPLAY_SOURCE:
                 continue
-            if kind == "message.delta":
-                text = _text(event.payload)
-                if text:
-                    self.parts.append(text)
-                    out.append(b"data: " + self._content + dumps(text) + self._open_tail)
-            elif kind == "thought.delta":
+            if kind == "thought.delta":
                 text = _text(event.payload)
                 self.thoughts.append(text)
                 if self.reasoning and text:
-                    out.append(b"data: " + self._thought + dumps(text) + self._open_tail)
+                    append(self._thought_frame % to_json(text))
             elif kind == "run.created" and not self._started:
                 self._started = True
                 out.append(self._chunk({"role": "assistant", "content": ""}))
@@ -232,7 +236,7 @@ class ResponseStream:
         self._final_text: str | None = None
         self._reasoning: int | None = None  # output index of the open reasoning item
         self._reasoning_parts: list[str] = []
-        self._delta_heads: dict[int, bytes] = {}
+        self._delta_frame = b""  # set when the message item opens
 
     # -- the response object
     def response(self) -> dict[str, Any]:
@@ -301,10 +305,12 @@ class ResponseStream:
         self._emit(out, "response.output_item.added", {"output_index": index, "item": item})
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self._emit(out, "response.content_part.added", self._at(index, part=part))
-        self._delta_heads[index] = (
+        head = (
             b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","item_id":%b,'
             b'"output_index":%d,"content_index":0,"logprobs":[],"delta":' % (dumps(item["id"]), index)
         )
+        # The delta frame but its JSON text and number, for `%`: one bytes operation per delta.
+        self._delta_frame = head.replace(b"%", b"%%") + b'%b,"sequence_number":%d}\n\n'
 
     def _at(self, index: int, **fields: Any) -> dict[str, Any]:
         return {"item_id": self.output_id(index), "output_index": index, "content_index": 0, **fields}
@@ -384,21 +390,21 @@ class ResponseStream:
     def encode(self, events: list[Event]) -> bytes:
         """The SSE bytes of a batch (``event: <type>`` + ``data: <json>`` frames)."""
         out: list[bytes] = []
+        to_json, keep = orjson.dumps, self._message_parts.append
         for event in events:
             kind = event.kind
-            if event.source == REPLAY_SOURCE:
-                continue
-            if kind == "message.delta":
+            if kind == "message.delta" and event.source != REPLAY_SOURCE:  # the hot path
                 if self._message is None:
                     self._open_message(out)
                 text = _text(event.payload)
-                self._message_parts.append(text)
+                keep(text)
                 self.number += 1
                 if self.number > self.starting_after:
-                    out.append(
-                        b'%b%b,"sequence_number":%d}\n\n' % (self._delta_heads[self._message], dumps(text), self.number)  # type: ignore[index]
-                    )
-            elif kind == "thought.delta":
+                    out.append(self._delta_frame % (to_json(text), self.number))
+                continue
+            if event.source == REPLAY_SOURCE:
+                continue
+            if kind == "thought.delta":
                 if not self.reasoning:
                     continue
                 if self._reasoning is None:
