@@ -482,3 +482,58 @@ async def test_the_core_error_shape_is_unchanged_elsewhere(gateway: TestClient) 
     response = await gateway.get("/v1/runs/nope")
     assert response.status == 401
     assert set((await response.json())["error"]) == {"code", "message"}
+
+
+# -- tool activity --------------------------------------------------------------------------------------
+
+
+async def test_tool_activity_is_summarised_without_paths_or_receipts(make_gateway: MakeGateway, tmp_path: Path) -> None:
+    """An ACP agent calls a gateway tool over MCP: chat chunks and Responses items name the tool
+    and its status, and carry none of its arguments, results, receipt ids or paths."""
+    from tests.test_knowledge_mcp_turn import WORKSPACE, McpAgentPlugin, serve
+
+    ws = tmp_path / "ws"
+    (ws / "notes").mkdir(parents=True)
+    (ws / "notes" / "a.md").write_text("a private note\n")
+    plugin = McpAgentPlugin("http")
+    client = await serve(
+        await make_gateway(
+            tokens={TOKEN: "alice"},
+            overrides={"workspaces": {"roots": {WORKSPACE: str(ws)}}, "hermes": {"enabled": False}},
+            extra_plugins=(plugin,),
+        ),
+        plugin,
+    )
+    sdk = await sdk_for(client)
+    prompt = 'call workspace.read_file {"path": "notes/a.md"}'
+    metadata = {"workspace_id": WORKSPACE, "allowed_roots": "notes/"}
+    try:
+        stream = await sdk.chat.completions.create(
+            model="fake-mcp", messages=[{"role": "user", "content": prompt}], metadata=metadata, stream=True
+        )
+        tools = [
+            c.model_extra["agent_gateway"]["tool"]
+            async for c in stream
+            if "tool" in c.model_extra.get("agent_gateway", {})
+        ]  # type: ignore[union-attr]
+        names = {t["name"] for t in tools}
+        assert "workspace.read_file" in names, tools
+        assert {t["status"] for t in tools if t["name"] == "workspace.read_file"} >= {"completed"}
+        events = [
+            e async for e in await sdk.responses.create(model="fake-mcp", input=prompt, metadata=metadata, stream=True)
+        ]
+        items = [
+            e.item.model_dump()
+            for e in events
+            if e.type in ("response.output_item.added", "response.output_item.done") and e.item.type == "mcp_call"
+        ]
+        assert {i["name"] for i in items} >= {"workspace.read_file"}
+        assert [i["status"] for i in items if i["name"] == "workspace.read_file"][-1] == "completed"
+        final = events[-1].response.model_dump()  # type: ignore[union-attr]
+        leaked = json.dumps(
+            {"chat": tools, "items": items, "output": [o for o in final["output"] if o["type"] != "message"]}
+        )
+        for secret in (str(tmp_path), "notes/a.md", "receipt", "audit", "private note", 'arguments": "{'):
+            assert secret not in leaked, secret
+    finally:
+        await sdk.close()

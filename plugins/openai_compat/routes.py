@@ -136,15 +136,26 @@ class OpenAIRoutes:
         workspace = metadata.get("workspace_id", "default")
         return _id_text(workspace, "metadata.workspace_id")
 
-    async def _create(self, request: web.Request, agent: str, session: str, workspace: str, message: str) -> Run:
+    def _allowed_roots(self, body: dict[str, Any]) -> list[str] | None:
+        """``metadata.allowed_roots``: the workspace folders the agent's tools may touch,
+        comma-separated (``""`` or ``"."``: the whole workspace); without it, none."""
+        metadata = body.get("metadata") or {}
+        if "allowed_roots" not in metadata:
+            return None
+        return [root.strip() for root in metadata["allowed_roots"].split(",")]
+
+    async def _create(self, request: web.Request, agent: str, session: str, body: dict[str, Any], message: str) -> Run:
         key = request.headers.get(IDEMPOTENCY_HEADER)
-        run_request = {
+        run_request: dict[str, Any] = {
             "requestId": _id_text(key, IDEMPOTENCY_HEADER) if key is not None else "openai-" + uuid.uuid4().hex,
             "agentId": agent,
             "sessionId": session,
-            "workspaceId": workspace,
+            "workspaceId": self._workspace(body),
             "message": message,
         }
+        roots = self._allowed_roots(body)
+        if roots is not None:
+            run_request["context"] = {"allowedRoots": roots}
         run, _ = await self.routes.create_run(request, run_request)
         return run
 
@@ -204,7 +215,7 @@ class OpenAIRoutes:
         if not isinstance(include_usage, bool):
             raise invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
         session = self._session(request, body)
-        run = await self._create(request, agent, session, self._workspace(body), message)
+        run = await self._create(request, agent, session, body, message)
         completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage)
         if stream:
             return await self.routes.stream_run(request, run, completion.encode)
@@ -254,7 +265,7 @@ class OpenAIRoutes:
         if previous is not None:
             fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
         session = self._session(request, body, fallback)
-        run = await self._create(request, agent, session, self._workspace(body), message)
+        run = await self._create(request, agent, session, body, message)
         if stream:
             return await self.routes.stream_run(request, run, ResponseStream(run, reasoning=self.reasoning).encode)
         if not background:
