@@ -334,7 +334,7 @@ async def stream_run(
     seq order, every event of the journal, none merged). A write that cannot go out within `send_timeout` seconds (the
     client stopped reading) ends the stream and drops the connection.
     """
-    # Any method: a plugin's protocol may answer a POST with a stream (OpenAI's `stream: true`).
+    # Any method: a plugin's protocol may answer a POST with a stream.
     response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout, allow_all_methods=True)
     response.headers["X-Accel-Buffering"] = "no"
     await response.prepare(request)
