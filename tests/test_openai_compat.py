@@ -537,3 +537,23 @@ async def test_tool_activity_is_summarised_without_paths_or_receipts(make_gatewa
             assert secret not in leaked, secret
     finally:
         await sdk.close()
+
+
+def test_config_check_reports_a_bad_reasoning_value(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from agent_gateway.cli import cli
+
+    path = tmp_path / "gateway.toml"
+    path.write_text('[openai_compat]\nreasoning = "loud"\nenabled = "yes"\n', encoding="utf-8")
+    result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)])
+    assert result.exit_code == 1
+    assert "openai_compat.reasoning: must be one of 'omit', 'reasoning_content'" in result.output
+    assert "openai_compat.enabled" in result.output
+
+
+async def test_disabled_plugin_serves_nothing(make_gateway: MakeGateway) -> None:
+    client = await make_gateway(overrides={"openai_compat": {"enabled": False}})
+    response = await client.get("/v1/models")
+    assert response.status == 404
+    assert set((await response.json())["error"]) == {"code", "message"}  # the core's own 404
