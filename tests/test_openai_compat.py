@@ -173,6 +173,14 @@ async def test_reasoning_content_by_config(make_gateway: MakeGateway, fake_llm: 
         message = completion.choices[0].message
         assert message.content == "again"
         assert message.model_extra["reasoning_content"] == "more thought"  # type: ignore[index]
+        fake_llm.add(Reply(text="third", reasoning="step one"))
+        events = [e async for e in await sdk.responses.create(model="chat-only", input="q", stream=True)]
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "step one"
+        output = events[-1].response.output  # type: ignore[union-attr]
+        assert [item.type for item in output] == ["reasoning", "message"]
+        assert output[0].content[0].text == "step one"  # type: ignore[union-attr, index]
+        assert events[-1].response.output_text == "third"  # type: ignore[union-attr]
     finally:
         await sdk.close()
 
@@ -209,6 +217,9 @@ async def test_non_streaming_and_streaming_response(sdk: openai.AsyncOpenAI, age
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == expected_answer(agent, "streamed")
     assert events[-1].response.output_text == text  # type: ignore[union-attr]
+    # Thoughts are omitted by default (the ACP agent thinks before answering).
+    assert not any(e.type.startswith("response.reasoning") for e in events)
+    assert [item.type for item in events[-1].response.output] == ["message"]  # type: ignore[union-attr]
     again = await sdk.responses.retrieve(events[-1].response.id)  # type: ignore[union-attr]
     assert again.status == "completed" and again.output_text == text
 

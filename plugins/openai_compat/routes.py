@@ -57,9 +57,13 @@ def invalid(message: str, param: str | None, code: str = "invalid_request") -> A
     return ApiError(400, code, message, param=param)
 
 
-def _optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    """``body[key]`` if it is a ``kind`` or null/absent (None); else a 400 naming ``key``."""
     value = body.get(key)
-    if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
+    if value is None:
+        return None
+    # bool is an int in Python, never in JSON: a true/false is only ever a boolean here
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         raise invalid(f"{key} must be {what}", key)
     return value
 
