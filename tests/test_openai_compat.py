@@ -2,7 +2,8 @@
 
 Every scenario runs twice: against chat-only on the fake OpenAI upstream, and against a fake ACP
 agent (``contrib/fake_acp_agents/agent.py`` as a real subprocess). The plugin is loaded through
-its entry point, as every built-in plugin is.
+its entry point, as every built-in plugin is. The resume after a dropped connection also runs on
+the real PostgreSQL (it reads the journal back from storage).
 """
 
 from __future__ import annotations
@@ -237,12 +238,15 @@ async def test_previous_response_id_continues_the_session(sdk: openai.AsyncOpenA
         assert "remember this" in second.output_text
 
 
-async def _slow_gateway(make_gateway: MakeGateway, fake_llm: FakeOpenAI, agent: str) -> TestClient:
+async def _slow_gateway(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, agent: str, storage: str = "sqlite"
+) -> TestClient:
     """A gateway whose agent answers in many small, slowed pieces."""
     if agent == ACP_AGENT:
-        return await make_gateway(tokens={TOKEN: "alice"}, extra_plugins=(FakeAcpPlugin("flood", delay=0.01),))
+        plugins = (FakeAcpPlugin("flood", delay=0.01),)
+        return await make_gateway(tokens={TOKEN: "alice"}, extra_plugins=plugins, storage=storage)
     fake_llm.default = Reply(text="".join(f"{n}," for n in range(60)), chunk_size=3, delay=0.01)
-    return await make_gateway(tokens={TOKEN: "alice"})
+    return await make_gateway(tokens={TOKEN: "alice"}, storage=storage)
 
 
 def _slow_input(agent: str) -> str:
@@ -251,9 +255,9 @@ def _slow_input(agent: str) -> str:
 
 @pytest.mark.parametrize("agent", AGENTS)
 async def test_background_response_resumes_after_a_dropped_connection(
-    make_gateway: MakeGateway, fake_llm: FakeOpenAI, agent: str
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, agent: str, storage_kind: str
 ) -> None:
-    client = await _slow_gateway(make_gateway, fake_llm, agent)
+    client = await _slow_gateway(make_gateway, fake_llm, agent, storage_kind)
     sdk = await sdk_for(client)
     try:
         stream = await sdk.responses.create(model=agent, input=_slow_input(agent), background=True, stream=True)
