@@ -607,3 +607,18 @@ def test_any_journal_translates_to_a_valid_sequence_and_every_cut_resumes(
             rest = whole[position:]
             if rest:
                 check(head + rest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=40).filter(lambda t: not any(0xD800 <= ord(c) <= 0xDFFF for c in t)))
+def test_the_content_fast_path_writes_what_the_official_encoder_writes(text: str) -> None:
+    """Deltas into an open message or reasoning skip building the model: the bytes must be the same."""
+    for kind in ("message.delta", "thought.delta"):
+        translator = AgUiTranslator(FakeRun())  # type: ignore[arg-type]
+        translator.translate(Event("run_x", 1, kind, "agent", {"text": "open"}))
+        event = Event("run_x", 2, kind, "agent", {"text": text})
+        fast = translator.content_frame(event)
+        assert fast is not None
+        assert fast.decode() == "".join(group_frames(2, translator.translate(event)))
+    closed = AgUiTranslator(FakeRun())  # type: ignore[arg-type]
+    assert closed.content_frame(Event("run_x", 1, "message.delta", "agent", {"text": text})) is None

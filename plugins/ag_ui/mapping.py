@@ -179,6 +179,36 @@ class AgUiTranslator:
         out.append(StateSnapshotEvent(snapshot=self.state))
 
     # -- the translation ---------------------------------------------------------------------------
+    def content_frame(self, event: Event) -> bytes | None:
+        """The hot path: a delta into the text message or reasoning already open is one
+        TEXT_MESSAGE_CONTENT / REASONING_MESSAGE_CONTENT frame, written here byte for byte as the
+        official encoder writes that model (a test holds them equal) without building the model,
+        which costs several times the native stream's whole per-event work. None: not that case."""
+        kind = event.kind
+        if kind == "message.delta":
+            open_id, event_type = self.text_id, b"TEXT_MESSAGE_CONTENT"
+            if self.reasoning_id is not None:
+                return None
+        elif kind == "thought.delta":
+            open_id, event_type = self.reasoning_id, b"REASONING_MESSAGE_CONTENT"
+        else:
+            return None
+        text = event.payload.get("text")
+        if (
+            open_id is None
+            or self.finished
+            or event.source == "adapter_replay"
+            or not isinstance(text, str)
+            or not text
+        ):
+            return None
+        return b'id: %018d\ndata: {"type":"%b","messageId":%b,"delta":%b}\n\n' % (
+            event.seq,
+            event_type,
+            orjson.dumps(open_id),
+            orjson.dumps(text),
+        )
+
     def translate(self, event: Event) -> list[BaseEvent]:
         """The AG-UI events of one journal event (often none, sometimes several)."""
         if self.finished:

@@ -3,6 +3,7 @@ and ``GET /v1/ag-ui/runs/{runId}/stream`` (the same stream, resumed after ``Last
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from ag_ui.core import RunAgentInput
@@ -31,26 +32,117 @@ _ERRORS = {
         ("503", "ServiceUnavailable"),
     )
 }
+VISIBLE = "[^\\s\\u001c-\\u001f\\u0085\\ufeff]"  # a non-blank text, as the core's ids and messages
+_ID = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": VISIBLE}
 _STREAM_200 = {
-    "description": "text/event-stream of AG-UI events (`id: <seq>` or `id: <seq>:<k>` inside a group, then the "
-    "official encoder's `data:` line); heartbeat comments; the stream ends after RUN_FINISHED or RUN_ERROR",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "description": "text/event-stream of AG-UI events: each frame an `id` (`<seq>`, or `<seq>:<k>` before the last "
+    "frame of a journal event's group) and the official encoder's `data` line (one AG-UI event as JSON); `: ping` "
+    "comments as heartbeat; the stream ends after RUN_FINISHED or RUN_ERROR",
+    "content": {
+        "text/event-stream": {
+            "schema": {
+                "type": "object",
+                "required": ["id", "data"],
+                "properties": {
+                    "id": {"type": "string", "pattern": "^[0-9]{18}(:[0-9]{1,6})?$"},
+                    "data": {"type": "string", "contentMediaType": "application/json"},
+                },
+            }
+        }
+    },
 }
 _TAGS = ["AG-UI (ag_ui plugin)"]
+_TEXT_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
+_PARTS = {"type": "array", "items": _TEXT_PART}
+_MESSAGE = {
+    "description": "An AG-UI message (only the user messages are read: the agent keeps its own history)",
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["id", "role", "content"],
+            "properties": {
+                "id": {"type": "string"},
+                "role": {"enum": ["user"]},
+                "content": {"oneOf": [{"type": "string"}, _PARTS]},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["id", "role", "content"],
+            "properties": {
+                "id": {"type": "string"},
+                "role": {"enum": ["system", "developer"]},
+                "content": {"type": "string"},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["id", "role"],
+            "properties": {"id": {"type": "string"}, "role": {"const": "assistant"}, "content": {"type": "string"}},
+        },
+        {
+            "type": "object",
+            "required": ["id", "role", "content", "toolCallId"],
+            "properties": {
+                "id": {"type": "string"},
+                "role": {"const": "tool"},
+                "content": {"type": "string"},
+                "toolCallId": {"type": "string"},
+            },
+        },
+    ],
+}
+# The last user message with text is the run's message: at least one must have some.
+_HAS_USER_TEXT = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"const": "user"},
+        "content": {
+            "anyOf": [
+                {"type": "string", "pattern": VISIBLE},
+                {
+                    "type": "array",
+                    "contains": {
+                        "type": "object",
+                        "required": ["type", "text"],
+                        "properties": {"type": {"const": "text"}, "text": {"type": "string", "pattern": VISIBLE}},
+                    },
+                },
+            ]
+        },
+    },
+}
+_GATEWAY_PROPS = {
+    "type": "object",
+    "description": "Fields of the gateway run",
+    "properties": {
+        "workspaceId": _ID,
+        "context": {
+            "type": ["object", "null"],
+            "properties": {"allowedRoots": {"type": "array", "items": {"type": "string"}}},
+        },
+        "options": {"type": ["object", "null"]},
+        "parentRunId": {"type": ["string", "null"]},
+    },
+}
 RUN_OPENAPI: dict[str, Any] = {
     "operationId": "agUiRun",
     "summary": "Run an agent from an AG-UI RunAgentInput and stream AG-UI events",
     "description": "threadId is the gateway session, runId the idempotency key (requestId), the last user "
-    "message the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options and "
-    "parentRunId for the gateway run. See docs/ag-ui.md.",
+    "message with text the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options "
+    "and parentRunId for the gateway run. See docs/ag-ui.md.",
     "tags": _TAGS,
     "parameters": [
         {
             "name": "agentId",
             "in": "path",
             "required": True,
-            "schema": {"type": "string", "minLength": 1},
-            "description": "A registered agent id (GET /v1/agents)",
+            "schema": {"$ref": "#/components/schemas/AgentId"},
         }
     ],
     "requestBody": {
@@ -62,14 +154,32 @@ RUN_OPENAPI: dict[str, Any] = {
                     "description": "AG-UI RunAgentInput",
                     "required": ["threadId", "runId", "messages"],
                     "properties": {
-                        "threadId": {"type": "string"},
-                        "runId": {"type": "string"},
-                        "parentRunId": {"type": "string"},
+                        "threadId": _ID,
+                        "runId": _ID,
+                        "parentRunId": {"type": ["string", "null"]},
                         "state": {},
-                        "messages": {"type": "array", "items": {"type": "object"}},
-                        "tools": {"type": "array", "items": {"type": "object"}},
-                        "context": {"type": "array", "items": {"type": "object"}},
-                        "forwardedProps": {},
+                        "messages": {"type": "array", "items": _MESSAGE, "contains": _HAS_USER_TEXT},
+                        "tools": {
+                            "type": ["array", "null"],
+                            "items": {
+                                "type": "object",
+                                "required": ["name", "description"],
+                                "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
+                            },
+                        },
+                        "context": {
+                            "type": ["array", "null"],
+                            "items": {
+                                "type": "object",
+                                "required": ["description", "value"],
+                                "properties": {"description": {"type": "string"}, "value": {"type": "string"}},
+                            },
+                        },
+                        "forwardedProps": {
+                            "description": "Any value; an object's `agentGateway` holds fields of the gateway run",
+                            "if": {"type": "object"},
+                            "then": {"properties": {"agentGateway": _GATEWAY_PROPS}},
+                        },
                     },
                 }
             }
@@ -120,6 +230,9 @@ STREAM_OPENAPI: dict[str, Any] = {
 }
 
 
+VISIBLE_TEXT = re.compile(VISIBLE)
+
+
 def _user_text(content: Any) -> str | None:
     if isinstance(content, str):
         return content
@@ -141,15 +254,19 @@ def run_body(agent_id: str, body: Any) -> dict[str, Any]:
     for item in reversed(run_input.messages):
         if item.role == "user":
             message = _user_text(item.content)
-            break
+            if message is not None and VISIBLE_TEXT.search(message):
+                break
+            message = None
     if not message:
         raise ApiError(400, "invalid_request", "RunAgentInput.messages holds no user message with text")
     props = run_input.forwarded_props
     gateway = props.get("agentGateway") if isinstance(props, dict) else None
-    if gateway is not None and not isinstance(gateway, dict):
+    if isinstance(props, dict) and "agentGateway" in props and not isinstance(gateway, dict):
         raise ApiError(400, "invalid_request", "forwardedProps.agentGateway must be an object")
     request: dict[str, Any] = {k: gateway[k] for k in GATEWAY_PROPS if gateway and k in gateway}
     context = request.get("context", {})
+    if context is None:  # as the core takes a null context
+        context = {}
     if not isinstance(context, dict):
         raise ApiError(400, "invalid_request", "forwardedProps.agentGateway.context must be an object")
     # What the runtime may use from AG-UI: the client's context entries and tool declarations.
@@ -176,13 +293,19 @@ class AgUiRoutes:
         self.routes = routes
 
     def _encoder(self, translator: AgUiTranslator) -> Any:
+        content_frame, translate = translator.content_frame, translator.translate
+
         def encode(events: list[Event]) -> bytes:
-            parts: list[str] = []
+            parts: list[bytes] = []
             for event in events:
-                translated = translator.translate(event)
+                fast = content_frame(event)
+                if fast is not None:
+                    parts.append(fast)
+                    continue
+                translated = translate(event)
                 if translated:
-                    parts.extend(group_frames(event.seq, translated))
-            return "".join(parts).encode()
+                    parts.append("".join(group_frames(event.seq, translated)).encode())
+            return b"".join(parts)
 
         return encode
 
