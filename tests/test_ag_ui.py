@@ -501,7 +501,7 @@ async def test_http_agent_consumes_a_fake_acp_agent_run(make_gateway: MakeGatewa
 
 
 async def test_bad_input_is_a_clear_4xx(make_gateway: MakeGateway) -> None:
-    client = await make_gateway(tokens={"secret-token": "alice"})
+    client = await make_gateway(tokens={"secret-token": "alice", "bob-token": "bob"})
     auth = {"Authorization": "Bearer secret-token"}
     no_auth = await client.post("/v1/ag-ui/chat-only", json=agui_input())
     assert no_auth.status == 401
@@ -531,6 +531,10 @@ async def test_bad_input_is_a_clear_4xx(make_gateway: MakeGateway) -> None:
     assert parse(raw)[-1][1]["type"] == "RUN_FINISHED"
     other = await client.get(f"/v1/ag-ui/runs/{host_run_id}/stream", headers={"Authorization": "Bearer nope"})
     assert other.status == 401
+    bob = {"Authorization": "Bearer bob-token"}
+    assert (await client.get(f"/v1/ag-ui/runs/{host_run_id}/stream", headers=bob)).status == 404
+    huge = {**agui_input("x" * (9 << 20))}
+    assert (await client.post("/v1/ag-ui/chat-only", json=huge, headers=auth)).status == 413
 
 
 async def post_run_with(client: TestClient, headers: dict[str, str]) -> tuple[Any, bytes]:
@@ -622,3 +626,20 @@ def test_the_content_fast_path_writes_what_the_official_encoder_writes(text: str
         assert fast.decode() == "".join(group_frames(2, translator.translate(event)))
     closed = AgUiTranslator(FakeRun())  # type: ignore[arg-type]
     assert closed.content_frame(Event("run_x", 1, "message.delta", "agent", {"text": text})) is None
+
+
+async def test_without_the_ag_ui_package_the_routes_are_off_and_the_log_says_why(
+    make_gateway: MakeGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for name in ("ag_ui", "ag_ui.core", "ag_ui.encoder"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import ag_ui` now fails as if not installed
+    for name in ("agent_gateway.plugins.ag_ui.routes", "agent_gateway.plugins.ag_ui.mapping"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with caplog.at_level("WARNING", logger="agent_gateway.plugins.ag_ui"):
+        client = await make_gateway()
+    assert "pip install 'agent-gateway[ag-ui]'" in caplog.text
+    response = await client.post("/v1/ag-ui/chat-only", json=agui_input())
+    assert response.status in (404, 405)
+    paths = (await (await client.get("/openapi.json")).json())["paths"]
+    assert not [path for path in paths if path.startswith("/v1/ag-ui/")]
+    assert (await client.post("/v1/runs", json={**agui_input(), "agentId": "x"})).status == 400  # the rest works
