@@ -59,6 +59,7 @@ def client_dir() -> Path:
 # verify: stdin is a JSON list of event lists; prints one JSON line per list ("ok" or the error).
 # run: runs an HttpAgent against argv[3] with RunAgentInput fields from stdin; prints one JSON
 # object: the events its subscriber saw, the agent's messages and state, and the error if any.
+# resume: the same with an HttpAgent whose request is a GET with `Last-Event-ID: data.lastEventId`.
 JS = r"""
 const { HttpAgent, verifyEvents } = require("@ag-ui/client");
 const { from, lastValueFrom, toArray } = require("rxjs");
@@ -78,7 +79,15 @@ process.stdin.on("end", async () => {
     }
     return;
   }
-  const agent = new HttpAgent({ url: process.argv[3], headers: data.headers, threadId: data.threadId });
+  // resume: the same agent, whose request is the resume route's GET with Last-Event-ID
+  class ResumingAgent extends HttpAgent {
+    requestInit() {
+      const headers = { ...this.headers, Accept: "text/event-stream", "Last-Event-ID": data.lastEventId };
+      return { method: "GET", headers, signal: this.abortController.signal };
+    }
+  }
+  const Agent = mode === "resume" ? ResumingAgent : HttpAgent;
+  const agent = new Agent({ url: process.argv[3], headers: data.headers, threadId: data.threadId });
   agent.messages = data.messages;
   const seen = [];
   let error = null;
@@ -498,6 +507,31 @@ async def test_http_agent_consumes_a_fake_acp_agent_run(make_gateway: MakeGatewa
     assert "CUSTOM:agent_gateway.permission_requested" in seen and "TOOL_CALL_RESULT" in seen
     assert seen[-1] == "RUN_FINISHED"
     assert any("permission: allow_once" in (m.get("content") or "") for m in result["messages"])
+
+
+async def test_http_agent_resumes_mid_message_and_ends_with_the_whole_answer(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    """An HttpAgent that holds what it got before the cut (its messages) resumes through the resume
+    route: the prelude re-opens the message it was inside, so the rest lands in that same message."""
+    client = await make_gateway(extra_plugins=(ScriptedPlugin(),))
+    body = agui_input()
+    response, raw = await post_run(client, SCRIPTED, body)
+    host_run_id = response.headers["X-Agent-Gateway-Run-Id"]
+    frames = parse(raw)
+    cut = next(i for i, (_id, e) in enumerate(frames) if e["type"] == "TEXT_MESSAGE_CONTENT")
+    message_id = frames[cut][1]["messageId"]
+    had = [*body["messages"], {"id": message_id, "role": "assistant", "content": frames[cut][1]["delta"]}]
+    url = str(client.make_url(f"/v1/ag-ui/runs/{host_run_id}/stream"))
+    out = await node(
+        tmp_path, "resume", url, stdin={**body, "messages": had, "headers": GUARD, "lastEventId": frames[cut][0]}
+    )
+    result = json.loads(out.splitlines()[-1])
+    assert result["error"] is None, result
+    assert result["seen"][0] == "RUN_STARTED" and result["seen"][-1] == "RUN_FINISHED"
+    same = [m for m in result["messages"] if m["id"] == message_id]
+    assert len(same) == 1 and same[0]["content"] == "Let me look.", same
+    assert result["state"]["sessionMode"] == "new_session"
 
 
 async def test_bad_input_is_a_clear_4xx(make_gateway: MakeGateway) -> None:
