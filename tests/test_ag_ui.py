@@ -29,7 +29,14 @@ from pydantic import TypeAdapter
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Event
-from agent_gateway.plugins.ag_ui.mapping import AgUiTranslator, OpenItems, group_frames, prelude
+from agent_gateway.plugins.ag_ui.mapping import (
+    AgUiTranslator,
+    OpenItems,
+    Resumption,
+    group_frames,
+    merged_from,
+    prelude,
+)
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 from tests._harness import FAKE_ACP_AGENT
 from tests.conftest import MakeGateway
@@ -677,3 +684,39 @@ async def test_without_the_ag_ui_package_the_routes_are_off_and_the_log_says_why
     paths = (await (await client.get("/openapi.json")).json())["paths"]
     assert not [path for path in paths if path.startswith("/v1/ag-ui/")]
     assert (await client.post("/v1/runs", json={**agui_input(), "agentId": "x"})).status == 400  # the rest works
+
+
+def test_a_cut_inside_a_merged_delta_resumes_from_the_unmerged_journal_without_loss() -> None:
+    """A client that fell behind got deltas merged by the bus (one event standing for seqs 2..3);
+    its resume is rebuilt from the journal, unmerged: every cut gives back exactly the rest."""
+    journal = [
+        Event("run_x", 1, "run.created", "gateway", {}),
+        Event("run_x", 2, "message.delta", "agent", {"text": "a"}),
+        Event("run_x", 3, "message.delta", "agent", {"text": "b"}),
+        Event("run_x", 4, "message.delta", "agent", {"text": "c"}),
+        Event("run_x", 5, "run.completed", "gateway", {}),
+    ]
+    merged = Event("run_x", 3, "message.delta", "agent", {"text": "ab", "mergedFrom": 2, "mergedCount": 2})
+    live = AgUiTranslator(FakeRun())  # type: ignore[arg-type]
+    sent: list[tuple[str, dict[str, Any]]] = []
+    for event in (journal[0], merged, *journal[3:]):
+        frames = group_frames(event.seq, live.translate(event), first_seq=merged_from(event))
+        sent.extend(parse("".join(frames).encode()))
+    assert [frame_id[-4:] for frame_id, _e in sent] == ["0001", "02:1", "0003", "0004", "05:1", "0005"]
+    for index, (cursor, _event) in enumerate(sent[:-1]):
+        seq, _, k = cursor.partition(":")
+        resumption = Resumption(AgUiTranslator(FakeRun()), int(seq), int(k) if k else None)  # type: ignore[arg-type]
+        for event in journal:
+            if event.seq <= int(seq):
+                resumption.feed(event)
+        resumed = [e for _i, e in parse(resumption.head(cursor))]
+        for event in journal:
+            if event.seq > int(seq):
+                frames = group_frames(event.seq, resumption.translator.translate(event))
+                resumed.extend(e for _i, e in parse("".join(frames).encode()))
+        check(resumed)
+        had = [e for _i, e in sent[: index + 1]]
+        text = "".join(e.get("delta", "") for e in had + resumed if e["type"] == "TEXT_MESSAGE_CONTENT")
+        assert text == "abc", (cursor, had, resumed)
+        ids = {e["messageId"] for e in had + resumed if e["type"].startswith("TEXT_MESSAGE")}
+        assert ids == {"run_x-msg-2"}

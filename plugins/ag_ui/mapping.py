@@ -220,8 +220,8 @@ class AgUiTranslator:
             text = payload.get("text")
             if isinstance(text, str) and text:
                 self._close_reasoning(out)
-                if self.text_id is None:
-                    self.text_id = f"{self.host_run_id}-msg-{event.seq}"
+                if self.text_id is None:  # named after its first delta's seq, merged or not
+                    self.text_id = f"{self.host_run_id}-msg-{merged_from(event) or event.seq}"
                     out.append(TextMessageStartEvent(message_id=self.text_id, role="assistant"))
                 out.append(TextMessageContentEvent(message_id=self.text_id, delta=text))
         elif kind == "message.completed":
@@ -238,7 +238,7 @@ class AgUiTranslator:
             if isinstance(text, str) and text:
                 self._close_text(out)
                 if self.reasoning_id is None:
-                    self.reasoning_id = f"{self.host_run_id}-reasoning-{event.seq}"
+                    self.reasoning_id = f"{self.host_run_id}-reasoning-{merged_from(event) or event.seq}"
                     out.append(ReasoningStartEvent(message_id=self.reasoning_id))
                     out.append(ReasoningMessageStartEvent(message_id=self.reasoning_id, role="reasoning"))
                 out.append(ReasoningMessageContentEvent(message_id=self.reasoning_id, delta=text))
@@ -311,11 +311,45 @@ def frame(event: BaseEvent, frame_id: str) -> str:
     return f"id: {frame_id}\n{_ENCODER.encode(event)}"
 
 
-def group_frames(seq: int, events: list[BaseEvent], skip: int = 0) -> list[str]:
-    """The frames of the AG-UI events made from the journal event ``seq`` (the first ``skip`` left out)."""
+def merged_from(event: Event) -> int | None:
+    """The first seq of a delta the bus merged for a client that fell behind (None: not merged)."""
+    first = event.payload.get("mergedFrom")
+    return first if isinstance(first, int) and 0 < first < event.seq else None
+
+
+def group_frames(seq: int, events: list[BaseEvent], skip: int = 0, first_seq: int | None = None) -> list[str]:
+    """The frames of the AG-UI events made from the journal event ``seq`` (the first ``skip`` left
+    out). A merged delta's group (``first_seq``: its first seq) opens as the group of its first
+    delta would (a message start), so its earlier frames carry that delta's ids: a client cut
+    there resumes exactly as from the unmerged journal."""
     last = len(events) - 1
-    padded = f"{seq:018d}"
-    return [frame(event, padded if i == last else f"{padded}:{i + 1}") for i, event in enumerate(events) if i >= skip]
+    padded, opening = f"{seq:018d}", f"{seq if first_seq is None else first_seq:018d}"
+    return [frame(event, padded if i == last else f"{opening}:{i + 1}") for i, event in enumerate(events) if i >= skip]
+
+
+class Resumption:
+    """Rebuilds a resumed stream's start: fed the journal up to the cursor's seq, in order, it
+    translates it as the client's stream did and tracks what the client holds open."""
+
+    def __init__(self, translator: AgUiTranslator, after: int, cut: int | None) -> None:
+        self.translator = translator
+        self.after = after
+        self.cut = cut  # frames of the `after` group the client has (None: all of them)
+        self.received = OpenItems()
+        self.rest: list[str] = []
+
+    def feed(self, event: Event) -> None:
+        translated = self.translator.translate(event)
+        if event.seq == self.after and self.cut is not None:
+            self.received.feed(translated[: self.cut])
+            self.rest = group_frames(event.seq, translated, skip=self.cut)
+        else:
+            self.received.feed(translated)
+
+    def head(self, cursor: str) -> bytes:
+        """The prelude (its frames carry ``cursor``), then the rest of the group the client was cut in."""
+        frames = [frame(event, cursor) for event in prelude(self.translator, self.received)]
+        return "".join(frames + self.rest).encode()
 
 
 class OpenItems:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from agent_gateway import ApiError, read_json
 
-from .mapping import CURSOR, AgUiTranslator, OpenItems, frame, group_frames, prelude
+from .mapping import CURSOR, AgUiTranslator, Resumption, group_frames, merged_from
 
 if TYPE_CHECKING:
     from agent_gateway import Event, PluginRoutes, Run
@@ -304,7 +304,8 @@ class AgUiRoutes:
                     continue
                 translated = translate(event)
                 if translated:
-                    parts.append("".join(group_frames(event.seq, translated)).encode())
+                    frames = group_frames(event.seq, translated, first_seq=merged_from(event))
+                    parts.append("".join(frames).encode())
             return b"".join(parts)
 
         return encode
@@ -361,26 +362,19 @@ class AgUiRoutes:
         )
 
     async def _rebuild(self, run: Run, translator: AgUiTranslator, after: int, cut: int | None, cursor: str) -> bytes:
-        """Translate the journal up to seq ``after`` as the client's stream did, and return what a
-        resumed stream sends first: the prelude, then the rest of the group the client was cut in."""
-        received, rest = OpenItems(), []
+        """What a resumed stream sends first, from the journal up to seq ``after`` (see Resumption)."""
+        resumption = Resumption(translator, after, cut)
         seen = 0
         for _page in range(after // PREFIX_PAGE + 2):  # bounded: seqs are at most `after` here
             events = await self.routes.events(run, seen, PREFIX_PAGE)
             for event in events:
                 if event.seq > after:
                     break
-                translated = translator.translate(event)
-                if event.seq == after and cut is not None:
-                    received.feed(translated[:cut])
-                    rest = group_frames(event.seq, translated, skip=cut)
-                else:
-                    received.feed(translated)
+                resumption.feed(event)
             if not events or events[-1].seq >= after or len(events) < PREFIX_PAGE:
                 break
             seen = events[-1].seq
-        head = [frame(event, cursor) for event in prelude(translator, received)]
-        return "".join(head + rest).encode()
+        return resumption.head(cursor)
 
 
 def setup(routes: PluginRoutes) -> None:
