@@ -2,8 +2,9 @@
 
 A plugin declares each route with its OpenAPI operation (``routes.add``), so ``/openapi.json``
 lists exactly what is served, and its handlers read the gateway only through the methods below:
-the caller's actor, the actor's preferences, the caller's runs, runtimes, tools (called within a
-run's scope, receipted like any call), configuration sections and a worker thread for blocking
+the caller's actor, the actor's preferences, the caller's runs (created, read and streamed as
+``/v1/runs`` does, so a plugin can speak another protocol over them), runtimes, tools (called within
+a run's scope, receipted like any call), configuration sections and a worker thread for blocking
 work. Nothing here hands out the gateway itself, its storage or its routing table.
 """
 
@@ -21,12 +22,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from agent_gateway.plugin_host import PluginError
-from agent_gateway.preferences import load_values
+from agent_gateway.preferences import apply_run_defaults, load_values
+from agent_gateway.sse import stream_run
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
     from agent_gateway.config import Config
-    from agent_gateway.models import Run
+    from agent_gateway.models import Event, Run
     from agent_gateway.runtime import Runtime
     from agent_gateway.tools import Tool
 
@@ -122,6 +124,65 @@ class PluginRoutes:
     async def run(self, host_run_id: str, actor_id: str) -> Run | None:
         """The run ``host_run_id`` if it belongs to ``actor_id``, else None (never another actor's)."""
         return await self._gateway.runs.get(host_run_id, actor_id)
+
+    async def create_run(self, request: web.Request, body: Mapping[str, Any]) -> tuple[Run, bool]:
+        """Create a run for the caller of ``request`` from a ``POST /v1/runs`` body, exactly as that
+        route does (the actor's preference defaults, validation, idempotency, admission limits):
+        ``(run, created)``, ``created`` False for a repeated ``requestId``. Refusals are
+        :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
+        actor = self.actor(request)
+        filled = await apply_run_defaults(self._gateway, actor, dict(body))
+        # Agents call back (MCP) on the address the host used, unless the launcher set one.
+        self._gateway.services.setdefault("base_url", str(request.url.origin()))
+        return await self._gateway.runs.create(actor, filled)
+
+    async def run_by_request(
+        self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"
+    ) -> Run | None:
+        """The run ``actor_id`` created with ``requestId`` ``request_id`` in that session and
+        workspace (the idempotency key), or None."""
+        storage = self._gateway.storage
+        return await self.in_thread(storage.find_run_by_request, actor_id, session_id, workspace_id, request_id)
+
+    async def events(self, run: Run, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        """``run``'s journal events after ``after_seq`` (at most ``limit``), as ``/events`` pages them.
+        Get ``run`` with :meth:`run` so it is the caller's."""
+        return await self._gateway.journal.read(run.host_run_id, after_seq, limit)
+
+    async def stream(
+        self,
+        request: web.Request,
+        run: Run,
+        *,
+        encode: Callable[[list[Event]], bytes],
+        after_seq: int = 0,
+        prelude: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> web.StreamResponse:
+        """Answer ``request`` with ``run``'s events after ``after_seq`` as a server-sent event
+        stream, with everything ``/v1/runs/{id}/stream`` does: journal replay then the live tail
+        with no gap or duplicate, heartbeats, the slow-client cut-off, the end after the terminal
+        event. Each batch of events (in seq order, each event once) is written as
+        ``encode(events)``: complete SSE frames, so ``encode`` may keep state across batches of one
+        stream (a protocol whose frames depend on what came before). ``prelude`` (complete frames)
+        is written as the stream opens, before any event; ``headers`` are added to the response.
+        Get ``run`` with :meth:`run` so it is the caller's."""
+        gateway = self._gateway
+        return await stream_run(
+            request,
+            topic=run.host_run_id,
+            journal=gateway.journal,
+            bus=gateway.bus,
+            after_seq=after_seq,
+            is_finished=lambda: run.is_terminal,
+            capacity=gateway.stream_capacity,
+            heartbeat=gateway.heartbeat,
+            stats=gateway.stream_stats,
+            send_timeout=gateway.stream_send_timeout,
+            encode=encode,
+            prelude=prelude,
+            headers=headers,
+        )
 
     def workspace_root(self, request: web.Request, workspace_id: str) -> Path | None:
         """The directory of ``workspace_id`` for the caller of ``request`` (None: not configured).

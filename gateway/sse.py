@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -114,6 +114,8 @@ class RunStream:
         stats: StreamStats,
         project: Callable[[Event], Any] | None = None,
         send_timeout: float = SEND_TIMEOUT,
+        encode: Callable[[list[Event]], bytes] | None = None,
+        prelude: bytes = b"",
     ) -> None:
         self._response = response
         self.topic = self._topic = topic
@@ -124,6 +126,8 @@ class RunStream:
         self._heartbeat = heartbeat
         self._stats = stats
         self._project = project
+        self._encode = encode
+        self._prelude = prelude
         self._journal = journal
         # Subscribed before the first journal read, so no event falls between the two.
         self._subscriber = bus.subscribe(topic, capacity)
@@ -133,7 +137,9 @@ class RunStream:
         self._chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
         # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
         # uncompressed) streams.
-        self._can_write_directly = project is None and transport is not None and not response.compression
+        self._can_write_directly = (
+            project is None and encode is None and transport is not None and not response.compression
+        )
         self._loop = asyncio.get_running_loop()
         self._beat = False  # a heartbeat period went by
         self._beat_handle: asyncio.TimerHandle | None = None
@@ -155,7 +161,7 @@ class RunStream:
         """Send the response headers and a comment now: aiohttp holds headers back until the first
         write, which on an idle stream is the first heartbeat."""
         async with asyncio.timeout(self._send_timeout):
-            await self._response.write(OPENING_COMMENT)
+            await self._response.write(OPENING_COMMENT + self._prelude)
         self._sent = True
 
     async def run(self) -> None:
@@ -255,8 +261,13 @@ class RunStream:
 
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
-        project = self._project
-        blob = encode_events(events, project) if project is not None else _shared_frames(self._bus, self._topic, events)
+        project, encode = self._project, self._encode
+        if encode is not None:
+            blob = encode(events)
+        elif project is not None:
+            blob = encode_events(events, project)
+        else:
+            blob = _shared_frames(self._bus, self._topic, events)
         transport = self._transport
         idle = transport is not None and not transport.get_write_buffer_size()
         if self._sent and idle and len(blob) + 64 <= self._high_water:
@@ -309,16 +320,25 @@ async def stream_run(
     stats: StreamStats,
     project: Callable[[Event], Any] | None = None,
     send_timeout: float = SEND_TIMEOUT,
+    encode: Callable[[list[Event]], bytes] | None = None,
+    prelude: bytes = b"",
+    headers: Mapping[str, str] | None = None,
 ) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
     terminal event the client already has); `project` maps each event to what the client sees
-    (None: the event's wire JSON). A write that cannot go out within `send_timeout` seconds (the
-    client stopped reading) ends the stream and drops the connection.
+    (None: the event's wire JSON); `encode`, when given, turns each batch into its SSE frames
+    instead (a stateful encoder for another protocol: it sees every event once, in order), and
+    `prelude` (complete frames) goes out as the stream opens. `headers` are added to the response.
+    A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
+    stream and drops the connection.
     """
-    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout)
+    # A plugin may answer a POST with a stream (a protocol whose run request opens its events).
+    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout, allow_all_methods=True)
     response.headers["X-Accel-Buffering"] = "no"
+    if headers:
+        response.headers.update(headers)
     await response.prepare(request)
     stream = RunStream(
         request,
@@ -333,6 +353,8 @@ async def stream_run(
         stats=stats,
         project=project,
         send_timeout=send_timeout,
+        encode=encode,
+        prelude=prelude,
     )
     await stream.run()
     return response
