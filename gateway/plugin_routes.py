@@ -2,8 +2,9 @@
 
 A plugin declares each route with its OpenAPI operation (``routes.add``), so ``/openapi.json``
 lists exactly what is served, and its handlers read the gateway only through the methods below:
-the caller's actor, the actor's preferences, the caller's runs, runtimes, tools (called within a
-run's scope, receipted like any call), configuration sections and a worker thread for blocking
+the caller's actor, the actor's preferences, the caller's runs (created, read and streamed as
+``/v1/runs`` does, so a plugin can speak another protocol over them), runtimes, tools (called within
+a run's scope, receipted like any call), configuration sections and a worker thread for blocking
 work. Nothing here hands out the gateway itself, its storage or its routing table.
 """
 
@@ -138,6 +139,70 @@ class PluginRoutes:
         """The run ``host_run_id`` if it belongs to ``actor_id``, else None (never another actor's)."""
         return await self._gateway.runs.get(host_run_id, actor_id)
 
+    async def create_run(self, request: web.Request, body: Mapping[str, Any]) -> tuple[Run, bool]:
+        """Create a run for the caller of ``request`` from a ``POST /v1/runs`` body, exactly as that
+        route does (the actor's preference defaults, validation, idempotency, admission limits):
+        ``(run, created)``, ``created`` False for a repeated ``requestId``. Refusals are
+        :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
+        actor = self.actor(request)
+        filled = await apply_run_defaults(self._gateway, actor, dict(body))
+        # Agents call back (MCP) on the address the host used, unless the launcher set one.
+        self._gateway.services.setdefault("base_url", str(request.url.origin()))
+        return await self._gateway.runs.create(actor, filled)
+
+    async def run_by_request(
+        self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"
+    ) -> Run | None:
+        """The run ``actor_id`` created with ``requestId`` ``request_id`` in that session and
+        workspace (the idempotency key), or None."""
+        storage = self._gateway.storage
+        return await self.in_thread(storage.find_run_by_request, actor_id, session_id, workspace_id, request_id)
+
+    async def events(self, run: Run, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        """``run``'s journal events after ``after_seq`` (at most ``limit``), as ``/events`` pages them.
+        Get ``run`` with :meth:`run` so it is the caller's."""
+        return await self._gateway.journal.read(run.host_run_id, after_seq, limit)
+
+    async def stream(
+        self,
+        request: web.Request,
+        run: Run,
+        *,
+        encode: Callable[[list[Event]], bytes],
+        after_seq: int = 0,
+        prelude: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+        merge_deltas: bool = True,
+    ) -> web.StreamResponse:
+        """Answer ``request`` with ``run``'s events after ``after_seq`` as a server-sent event
+        stream, with everything ``/v1/runs/{id}/stream`` does: journal replay then the live tail
+        with no gap or duplicate, heartbeats, the slow-client cut-off, the end after the terminal
+        event. Each batch of events (in seq order, each event once) is written as
+        ``encode(events)``: complete SSE frames, so ``encode`` may keep state across batches of one
+        stream (a protocol whose frames depend on what came before). ``prelude`` (complete frames)
+        is written as the stream opens, before any event; ``headers`` are added to the response.
+        A client that falls behind its buffer gets text deltas merged (``mergedFrom``,
+        ``mergedCount``); with ``merge_deltas=False`` it is replayed from the journal instead, so
+        ``encode`` sees every journal event unmerged (frames numbered per event stay dense).
+        Get ``run`` with :meth:`run` so it is the caller's."""
+        gateway = self._gateway
+        return await stream_run(
+            request,
+            topic=run.host_run_id,
+            journal=gateway.journal,
+            bus=gateway.bus,
+            after_seq=after_seq,
+            is_finished=lambda: run.is_terminal,
+            capacity=gateway.stream_capacity,
+            heartbeat=gateway.heartbeat,
+            stats=gateway.stream_stats,
+            send_timeout=gateway.stream_send_timeout,
+            encode=encode,
+            prelude=prelude,
+            headers=headers,
+            merge_deltas=merge_deltas,
+        )
+
     def workspace_root(self, request: web.Request, workspace_id: str) -> Path | None:
         """The directory of ``workspace_id`` for the caller of ``request`` (None: not configured).
         Raises :class:`agent_gateway.ApiError` 404 ``workspace_not_found`` when it is another actor's
@@ -167,17 +232,6 @@ class PluginRoutes:
         facade = self._gateway.tools
         return await facade.call(name, arguments, facade.scope_for(run), caller=caller)
 
-    async def create_run(self, request: web.Request, body: Any) -> tuple[Run, bool]:
-        """Create a run for the caller of ``request`` from a ``POST /v1/runs`` body, exactly as that
-        route does (the actor's stored defaults, idempotency by ``requestId``, admission):
-        ``(run, created)``. Raises :class:`agent_gateway.ApiError` (400, 404, 409, 429 with
-        ``extra["retryAfterSeconds"]``) as the route answers."""
-        gateway = self._gateway
-        actor = self.actor(request)
-        body = await apply_run_defaults(gateway, actor, body)
-        gateway.services.setdefault("base_url", str(request.url.origin()))  # agents call back here
-        return await gateway.runs.create(actor, body)
-
     async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
         """Cancel the run (as ``POST /v1/runs/{id}/cancel``); the run, or None if not ``actor_id``'s."""
         return await self._gateway.runs.cancel(host_run_id, actor_id)
@@ -186,34 +240,6 @@ class PluginRoutes:
         """Wait until ``run`` (got with :meth:`run`) has ended; its final record."""
         await self._gateway.runs.wait(run.host_run_id)
         return await self._gateway.runs.get(run.host_run_id, run.actor_id) or run
-
-    async def read_events(self, run: Run, after_seq: int = 0, limit: int = 5000) -> list[Event]:
-        """Up to ``limit`` events of ``run`` (got with :meth:`run`) with a seq above ``after_seq``."""
-        return await self._gateway.journal.read(run.host_run_id, after_seq, limit)
-
-    async def stream_run(
-        self, request: web.Request, run: Run, encode: Callable[[list[Event]], bytes], after_seq: int = 0
-    ) -> web.StreamResponse:
-        """Answer ``request`` with ``run``'s events after ``after_seq`` as a ``text/event-stream``,
-        replay then live tail with no gap and no duplicate, until the terminal event: the run
-        stream's machinery (heartbeats, slow clients, shutdown) with the plugin's own frames.
-        ``encode(events)`` returns the bytes for each batch: every event of the journal in seq
-        order (a slow client is replayed from the journal, never sent merged deltas), so it may
-        keep state and number what it sends densely."""
-        gateway = self._gateway
-        return await stream_run(
-            request,
-            topic=run.host_run_id,
-            journal=gateway.journal,
-            bus=gateway.bus,
-            after_seq=after_seq,
-            is_finished=lambda: run.is_terminal,
-            capacity=gateway.stream_capacity,
-            heartbeat=gateway.heartbeat,
-            stats=gateway.stream_stats,
-            send_timeout=gateway.stream_send_timeout,
-            encode=encode,
-        )
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""

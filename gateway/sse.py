@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -115,6 +115,8 @@ class RunStream:
         project: Callable[[Event], Any] | None = None,
         send_timeout: float = SEND_TIMEOUT,
         encode: Callable[[list[Event]], bytes] | None = None,
+        prelude: bytes = b"",
+        merge_deltas: bool = True,
     ) -> None:
         self._response = response
         self.topic = self._topic = topic
@@ -126,17 +128,21 @@ class RunStream:
         self._stats = stats
         self._project = project
         self._encode = encode
+        self._prelude = prelude
         self._journal = journal
         # Subscribed before the first journal read, so no event falls between the two.
-        # An encoder sees every journal event, never a merged delta: replay, not merge, when full.
-        self._subscriber = bus.subscribe(topic, capacity, merge_deltas=encode is None)
+        # merge_deltas=False: a full buffer always goes back to the journal, so the client's
+        # frames can be numbered per journal event (never a merged delta).
+        self._subscriber = bus.subscribe(topic, capacity, merge_deltas=merge_deltas)
         self._wakeup = self._subscriber.wakeup
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
         self._chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
-        # Writing from `publish` bypasses the response's writer: only for plain or encoded
-        # (unprojected, uncompressed) streams.
-        self._can_write_directly = project is None and transport is not None and not response.compression
+        # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
+        # uncompressed) streams.
+        self._can_write_directly = (
+            project is None and encode is None and transport is not None and not response.compression
+        )
         self._loop = asyncio.get_running_loop()
         self._beat = False  # a heartbeat period went by
         self._beat_handle: asyncio.TimerHandle | None = None
@@ -158,7 +164,7 @@ class RunStream:
         """Send the response headers and a comment now: aiohttp holds headers back until the first
         write, which on an idle stream is the first heartbeat."""
         async with asyncio.timeout(self._send_timeout):
-            await self._response.write(OPENING_COMMENT)
+            await self._response.write(OPENING_COMMENT + self._prelude)
         self._sent = True
 
     async def run(self) -> None:
@@ -258,9 +264,9 @@ class RunStream:
 
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
-        project = self._project
-        if self._encode is not None:  # a plugin's own frames (another protocol's SSE)
-            blob = self._encode(events)
+        project, encode = self._project, self._encode
+        if encode is not None:
+            blob = encode(events)
         elif project is not None:
             blob = encode_events(events, project)
         else:
@@ -294,12 +300,8 @@ class RunStream:
             return False
         if transport.get_write_buffer_size():
             return False  # the client is not keeping up: buffer (merge, replay) as usual
-        if self._encode is not None:  # a plugin's frames: its encoder sees each event once, in order
-            blob = self._encode(events)
-        else:
-            blob = frames if frames is not None else encode_events(events)
-        if blob:
-            transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if self._chunked else blob)
+        blob = frames if frames is not None else encode_events(events)
+        transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if self._chunked else blob)
         self._stats.delivered += len(events)
         last = events[-1]
         self._last = last.seq
@@ -324,19 +326,27 @@ async def stream_run(
     project: Callable[[Event], Any] | None = None,
     send_timeout: float = SEND_TIMEOUT,
     encode: Callable[[list[Event]], bytes] | None = None,
+    prelude: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    merge_deltas: bool = True,
 ) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
     terminal event the client already has); `project` maps each event to what the client sees
-    (None: the event's wire JSON); `encode`, when given, builds the bytes of each batch itself
-    (a plugin speaking another SSE dialect; it may keep state across batches, which arrive in
-    seq order, every event of the journal, none merged). A write that cannot go out within `send_timeout` seconds (the
-    client stopped reading) ends the stream and drops the connection.
+    (None: the event's wire JSON); `encode`, when given, turns each batch into its SSE frames
+    instead (a stateful encoder for another protocol: it sees every event once, in order), and
+    `prelude` (complete frames) goes out as the stream opens. `headers` are added to the response.
+    A client that falls behind its buffer gets text deltas merged, or with `merge_deltas=False` is
+    replayed from the journal instead (an encoder that numbers every journal event).
+    A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
+    stream and drops the connection.
     """
-    # Any method: a plugin's protocol may answer a POST with a stream.
+    # A plugin may answer a POST with a stream (a protocol whose run request opens its events).
     response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout, allow_all_methods=True)
     response.headers["X-Accel-Buffering"] = "no"
+    if headers:
+        response.headers.update(headers)
     await response.prepare(request)
     stream = RunStream(
         request,
@@ -352,6 +362,8 @@ async def stream_run(
         project=project,
         send_timeout=send_timeout,
         encode=encode,
+        prelude=prelude,
+        merge_deltas=merge_deltas,
     )
     await stream.run()
     return response

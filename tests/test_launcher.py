@@ -30,6 +30,7 @@ BUILTINS = {
     "workspace",
     "pi_lab",
     "lightrag",
+    "ag_ui",
     "openai_compat",
 }
 

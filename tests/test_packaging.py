@@ -32,6 +32,7 @@ BUILT_INS = {
     "workspace",
     "pi_lab",
     "lightrag",
+    "ag_ui",
     "openai_compat",
 }
 

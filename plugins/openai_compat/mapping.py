@@ -1,10 +1,11 @@
 """Journal events → OpenAI wire objects: chat-completion chunks and Responses stream events.
 
 Both encoders are fed a run's events in seq order (replay, then the live tail) and keep the little
-state each protocol needs (is the message open, which output index a tool call has). They get
-every journal event, never a merged delta (``PluginRoutes.stream_run`` replays a slow client from
-the journal instead), so ``sequence_number`` depends on the journal alone: dense, and a resumed
-stream numbers every event as the first stream did.
+state each protocol needs (is the message open, which output index a tool call has). The
+Responses stream is opened with ``merge_deltas=False``, so it gets every journal event, never a
+merged delta (``PluginRoutes.stream`` replays a slow client from the journal instead) and
+``sequence_number`` depends on the journal alone: dense, and a resumed stream numbers every event
+as the first stream did. Chat chunks are not numbered: a merged delta there is just longer text.
 
 Tool activity is summarised (id, tool name or title, kind, status): never the tool's arguments,
 results, receipt ids or paths.

@@ -167,7 +167,7 @@ class OpenAIRoutes:
         events: list[Event] = []
         after = 0
         for _ in range(MAX_EVENT_PAGES):
-            page = await self.routes.read_events(run, after, EVENT_PAGE)
+            page = await self.routes.events(run, after, EVENT_PAGE)
             events.extend(page)
             if len(page) < EVENT_PAGE:
                 break
@@ -222,7 +222,8 @@ class OpenAIRoutes:
         run = await self._create(request, agent, session, body, message)
         completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage)
         if stream:
-            return await self.routes.stream_run(request, run, completion.encode)
+            # Chat chunks are not numbered: a slow client may get merged deltas (same text).
+            return await self.routes.stream(request, run, encode=completion.encode)
         run = await self.routes.wait_run(run)
         result = completion.result(await self._all_events(run))
         if completion.status in ("failed", "interrupted"):
@@ -271,7 +272,8 @@ class OpenAIRoutes:
         session = self._session(request, body, fallback)
         run = await self._create(request, agent, session, body, message)
         if stream:
-            return await self.routes.stream_run(request, run, ResponseStream(run, reasoning=self.reasoning).encode)
+            encoder = ResponseStream(run, reasoning=self.reasoning)
+            return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False)
         if not background:
             run = await self.routes.wait_run(run)
         return web.json_response(self._response(run, await self._all_events(run)))
@@ -287,7 +289,7 @@ class OpenAIRoutes:
         if stream == "true":
             after = int(starting_after) if starting_after is not None else -1
             encoder = ResponseStream(run, reasoning=self.reasoning, starting_after=after)
-            return await self.routes.stream_run(request, run, encoder.encode)
+            return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False)
         return web.json_response(self._response(run, await self._all_events(run)))
 
     async def cancel_response(self, request: web.Request) -> web.Response:
