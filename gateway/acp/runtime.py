@@ -60,7 +60,7 @@ STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
 # Updates in one read of the agent's stdout from which its consecutive text deltas are journalled
 # joined: an agent this far ahead of the gateway (its updates waited in the pipe) has its backlog
 # merged, as a lagging client's stream is; one the gateway keeps up with gets one event per update.
-COALESCE_BACKLOG = 256
+COALESCE_BACKLOG = 32
 ALLOW_KINDS = ("allow_once", "allow_always")
 
 
