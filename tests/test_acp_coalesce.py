@@ -148,9 +148,9 @@ async def test_a_backlog_is_journalled_joined_in_order_with_back_pressure(
     waits: list[int] = []
     emit_waiting = AcpRuntime._emit_waiting
 
-    async def counting(turn: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
+    async def counting(binding: Any, turn: Any, events: list[tuple[str, dict[str, Any]]]) -> None:
         waits.append(len(events))
-        await emit_waiting(turn, events)
+        await emit_waiting(binding, turn, events)
 
     gw.runtimes[AGENT]._emit_waiting = counting  # type: ignore[method-assign]
     rounds = 2000  # 8,020 updates (1.4 MB): more than the agent's stdout pipe holds at once

@@ -817,12 +817,14 @@ class AcpRuntime:
         emit_nowait = turn.emit_nowait
         for index, (kind, payload) in enumerate(events):
             if not emit_nowait(kind, payload):
-                return self._emit_waiting(turn, events[index:])
+                return self._emit_waiting(binding, turn, events[index:])
         return None
 
     @staticmethod
-    async def _emit_waiting(turn: Turn, events: list[tuple[str, dict[str, Any]]]) -> None:
+    async def _emit_waiting(binding: Binding, turn: Turn, events: list[tuple[str, dict[str, Any]]]) -> None:
         for kind, payload in events:
+            if binding.turn is not turn:
+                return  # the turn ended meanwhile (cancelled, agent closed): nothing to journal the rest in
             await turn.emit(kind, payload)
 
     async def _on_permission(self, binding: Binding, params: dict[str, Any]) -> dict[str, Any]:
