@@ -26,8 +26,11 @@ its record and index row; otherwise its counts and search text are recomputed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
+
+import orjson
 
 from agent_gateway import Event
 
@@ -67,12 +70,20 @@ class _Stretch:
 def _stretch_key(kind: str, source: str, payload: Any) -> tuple[Any, ...] | None:
     """What deltas must share to be compacted together; None for an event that is not a
     compactable delta (a non-delta, a delta without string text, an already merged one)."""
-    if kind not in MERGEABLE_KINDS or not isinstance(payload, dict):
+    if kind not in MERGEABLE_KINDS or not isinstance(payload, dict) or not isinstance(payload.get("text"), str):
         return None
-    if not isinstance(payload.get("text"), str) or any(key in payload for key in _MERGE_KEYS):
+    if len(payload) == 1:  # the usual delta: {"text": ...}
+        return (kind, source)
+    if any(key in payload for key in _MERGE_KEYS):
         return None
-    others = tuple(sorted((key, repr(value)) for key, value in payload.items() if key != "text"))
-    return (kind, source, others)
+    return (kind, source, tuple(sorted((key, repr(value)) for key, value in payload.items() if key != "text")))
+
+
+def _decode(payload_json: str | bytes) -> Any:
+    try:
+        return orjson.loads(payload_json)
+    except orjson.JSONDecodeError:  # an escaped lone surrogate: the json module takes it
+        return json.loads(payload_json)
 
 
 def _encode_lengths(lengths: Sequence[int]) -> str:
@@ -143,7 +154,7 @@ class MaintenanceMixin:
                 after += 1
                 key, payload = None, None
                 if kind in MERGEABLE_KINDS:  # decode only what may be compacted
-                    payload = Event.stored(host_run_id, seq, kind, source, payload_json, created_at).payload
+                    payload = _decode(payload_json)
                     key = _stretch_key(kind, source, payload)
                 if (
                     stretch is not None
