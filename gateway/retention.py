@@ -1,8 +1,9 @@
 """Storage upkeep in the background: compaction of ended runs and retention (``[storage]``).
 
-- ``compact_after_terminal``: when a run's terminal event is journalled, the run is queued; once
-  the journal has committed it, the storage's ``compact_run`` folds its text deltas into fewer
-  stored events (see ``Storage.compact_run`` for the invariants).
+- ``compact_after_terminal``: when a run's terminal event is journalled, the run is queued; at
+  the next lull in the journal (no event for QUIET_SECONDS, waited for at most MAX_DEFER_SECONDS)
+  and once the journal has committed it, the storage's ``compact_run`` folds its text deltas into
+  fewer stored events (see ``Storage.compact_run`` for the invariants).
 - ``retain_days``: every ``maintenance_interval_seconds`` (and once at start-up), ended runs last
   updated more than that many days ago whose session is not pinned are deleted, a bounded batch
   of events per storage call.
@@ -33,6 +34,9 @@ DAY_MS = 86_400_000
 # Runs listed per retention query, and events deleted per storage call (one transaction).
 EXPIRED_RUNS_PER_QUERY = 100
 DELETE_EVENTS_PER_STEP = 2000
+# Compaction waits for the journal to take no event for this long (seconds), at most MAX_DEFER.
+QUIET_SECONDS = 0.2
+MAX_DEFER_SECONDS = 30.0
 
 
 class StorageMaintenance:
@@ -119,10 +123,22 @@ class StorageMaintenance:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
 
+    async def _wait_for_a_lull(self) -> None:
+        """Give way to live traffic: wait until the journal has taken no event for QUIET_SECONDS
+        (compaction's CPU work would otherwise compete with a streaming run's), but no longer
+        than MAX_DEFER_SECONDS, so a gateway that is never quiet still compacts."""
+        deadline = time.monotonic() + MAX_DEFER_SECONDS
+        while time.monotonic() < deadline:
+            appended = self.journal.appended
+            await asyncio.sleep(QUIET_SECONDS)  # sampling the journal's activity, not synchronisation
+            if self.journal.appended == appended:
+                return
+
     async def _compact_queued(self) -> None:
-        # Only committed events are compacted: wait for the journal to store what it has.
-        await self.journal.flush()
         while self._to_compact:
+            await self._wait_for_a_lull()
+            # Only committed events are compacted: wait for the journal to store what it has.
+            await self.journal.flush()
             host_run_id = self._to_compact.popleft()
             try:
                 before, after = await self._in_storage(self.storage.compact_run, host_run_id)  # type: ignore[attr-defined]

@@ -25,8 +25,11 @@ async def db(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, lambda: fn(*args, **kwargs))
 
 
-async def age(client: Any, host_run_id: str, days: float) -> None:
-    """Make a run look last updated `days` ago."""
+async def age(client: Any, host_run_id: str, days: float, ended: bool = True) -> None:
+    """Make a run look last updated `days` ago (an ended one once its end is stored: its last
+    status update would set the time again)."""
+    if ended:
+        await asyncio.wait_for(gateway_of(client).runs.wait(host_run_id), WAIT)
     updated_at = int(time.time() * 1000 - days * DAY_MS)
     await db(gateway_of(client).storage.update_run, host_run_id, updated_at=updated_at)
 
@@ -62,7 +65,7 @@ async def test_old_runs_go_pinned_recent_and_running_ones_stay(
         await age(client, runs[name], days=30)
         await db(storage.insert_receipt, {"hostRunId": runs[name], "actorId": "local", "tool": "x"})
     await age(client, runs["recent"], days=6)
-    await age(client, running, days=30)  # still going: never touched, however old
+    await age(client, running, days=30, ended=False)  # still going: never touched, however old
     kept_events = {name: await db(storage.read_events, runs[name]) for name in ("pinned", "recent")}
     running_events = await gateway.journal.read(running)
 

@@ -350,6 +350,13 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         self.connections_lost = 0
         self._lost_lock = threading.Lock()
 
+    # Compaction and retention (maintenance.py), re-opening a dropped connection like every
+    # other method: each is safe to run again (a compacted stretch is not folded twice, a deletion
+    # step deletes what is left).
+    compact_run = _reconnecting(MaintenanceMixin.compact_run)
+    expired_runs = _reconnecting(MaintenanceMixin.expired_runs)
+    delete_run_history = _reconnecting(MaintenanceMixin.delete_run_history)
+
     def __repr__(self) -> str:
         return f"PeeweeStorage({redact_url(self.url)!r}, table_prefix={self.table_prefix!r}, schema={self.schema!r})"
 
