@@ -171,6 +171,11 @@ def test_deltas_written_back_by_spool_recovery_after_compaction_are_not_read_twi
     storage.append_events(original[2:])
     for resume_at in range(len(original) + 1):
         check_read(storage, host_run_id, resume_at, original, limit=2)
+    # Compacting again removes the written-back deltas instead of folding them a second time.
+    assert storage.compact_run(host_run_id) == (3 + 2, 3)  # seqs 3 and 4 were written back
+    assert stored_rows(storage, host_run_id) == 3
+    for resume_at in range(len(original) + 1):
+        check_read(storage, host_run_id, resume_at, original, limit=2)
 
 
 def test_compaction_never_merges_other_events_or_across_them(storage: PeeweeStorage) -> None:

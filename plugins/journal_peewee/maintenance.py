@@ -15,7 +15,7 @@ the journal's writer never waits long for the lock.
 
 Raw deltas inside a compacted range can reappear only if a killed gateway's spool is written back
 after the compaction committed; reads ignore them (the compacted event holds their text), so a
-reader never sees a text twice.
+reader never sees a text twice, and compacting the run again deletes them.
 
 Retention. ``expired_runs`` lists ended runs last updated before a cutoff whose session is not
 pinned; ``delete_run_history`` removes one of them in bounded steps: a batch of its events per
@@ -141,6 +141,16 @@ class MaintenanceMixin:
         if last is None or last[0] not in TERMINAL_EVENT_KINDS:
             return (0, 0)
         before = after = 0
+        covered = self._compacted_spans(host_run_id, 0)
+        if covered:
+            # Raw deltas a spool write-back put inside compacted ranges: their text is already in
+            # the compacted event (and folding them again would tell it twice).
+            with self._write():
+                for first_seq, last_seq in covered:
+                    before += self._sql(
+                        f"DELETE FROM {events} WHERE host_run_id = ? AND seq >= ? AND seq < ?",
+                        (host_run_id, first_seq, last_seq),
+                    ).rowcount
         stretch: _Stretch | None = None
         after_seq = 0
         while True:
