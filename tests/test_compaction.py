@@ -237,3 +237,32 @@ async def test_compaction_is_off_by_default(make_gateway: MakeGateway, fake_llm:
     stored = await gateway.journal.read(live[0]["data"]["hostRunId"])
     assert [e.seq for e in stored] == [int(e["id"]) for e in live]
     assert gateway.maintenance.runs_compacted == 0
+
+
+async def test_a_killed_gateways_spool_written_back_after_compaction_changes_no_resume(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, storage_kind: str, tmp_path: Path
+) -> None:
+    answer = "Written back from the spool, told once."
+    fake_llm.add(Reply(text=answer, chunk_size=2))
+    compact = {"storage": {"compact_after_terminal": True}}
+    first = await make_gateway(overrides=compact, storage=storage_kind, data_dir=tmp_path)
+    _receipt, live = await run_to_end(first, run_body())
+    run_id = live[0]["data"]["hostRunId"]
+    await gateway_of(first).maintenance.settled()
+    assert gateway_of(first).maintenance.runs_compacted == 1
+    # What a killed gateway leaves behind: its spool segment, still holding the run's deltas.
+    spool = tmp_path / "spool"
+    left_behind = {path.name: path.read_bytes() for path in spool.glob("*.spool")}
+    assert any(b"message.delta" in data for data in left_behind.values())
+    await first.close()
+    for name, data in left_behind.items():
+        (spool / name).write_bytes(data)
+    second = await make_gateway(overrides=compact, storage=storage_kind, data_dir=tmp_path, schema=first.schema)
+    assert not list(spool.glob(f"{next(iter(left_behind))}"))  # recovered, then removed
+    for index, event in enumerate([{"id": "0"}, *live]):
+        resumed = await read_stream(second, run_id, after=event["id"])
+        rest = live[index:]
+        for kind in DELTAS:
+            got = "".join(e["data"]["payload"]["text"] for e in resumed if e["event"] == kind)
+            assert got == "".join(e["data"]["payload"]["text"] for e in rest if e["event"] == kind)
+        assert [e for e in resumed if e["event"] not in DELTAS] == [e for e in rest if e["event"] not in DELTAS]
