@@ -16,7 +16,9 @@ encoded on its own). Three figures per repetition, alternating, on warm agent pr
 -> prompt response read by a bare asyncio reader of the agent's stdout that (a) only counts lines
 or (b) parses every line with `json.loads` (the least any JSON-RPC client does), and (c) `POST
 /v1/runs` -> the run's terminal event on its SSE stream (a raw-socket client counting frames),
-through a gateway process running the agent as an ACP runtime. Medians; the ratio is (c) / (b).
+through a gateway process running the agent as an ACP runtime (which journals a backlog's text
+chunks joined: the events per turn and the events/s it sustained are printed too). Medians; the
+ratio is (c) / (b).
 
 `turns`: the latency of a turn with the real Reasonix / Hermes (installed by contrib/peers/install.sh)
 on a fake LLM, by how the gateway found the agent session: `native_live` (the next turn on a live
@@ -294,7 +296,8 @@ async def sse_turn(http: aiohttp.ClientSession, url: str, chunks: int, mode: str
     async with http.get(f"{url}/v1/runs/{run_id}") as response:
         receipt = await response.json()
     assert receipt["status"] == "completed" and receipt["sessionMode"] == mode, receipt
-    async with http.get(f"{url}/v1/runs/{run_id}/events?afterSeq={chunks}&limit=50") as response:
+    # The run's last events (every frame is one event; the seqs are 1..frames).
+    async with http.get(f"{url}/v1/runs/{run_id}/events?afterSeq={max(0, frames - 20)}&limit=50") as response:
         tail = (await response.json())["events"]
     completed = [e["payload"]["text"] for e in tail if e["kind"] == "message.completed"]
     assert completed == ["x" * chunks], [len(t) for t in completed]
@@ -386,7 +389,11 @@ def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str,
     ):
         runs = ", ".join(f"{t:.3f}" for t in results[key])
         print(f"{label:36s} {medians[key]:.3f} s  {chunks / medians[key]:>10,.0f} chunks/s   ({runs})")
-    print(f"SSE frames per gateway turn: {min(results['frames']):,.0f}-{max(results['frames']):,.0f}")
+    events_per_second = [f / t for f, t in zip(results["frames"], results["gateway"], strict=True)]
+    print(
+        f"events (SSE frames) per gateway turn: {min(results['frames']):,.0f}-{max(results['frames']):,.0f}, "
+        f"{statistics.median(events_per_second):,.0f} events/s sustained (median)"
+    )
     print(
         f"CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
         f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)"

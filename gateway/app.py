@@ -24,6 +24,7 @@ from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
 from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.plugin_routes import PluginRoutes
+from agent_gateway.retention import StorageMaintenance
 from agent_gateway.routes import agents, console, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
 from agent_gateway.routes import sessions as sessions_routes
@@ -84,6 +85,16 @@ class Gateway:
             self.data_dir / "spool",
             batch_max=int(gw["journal_batch_events"]),
             read_executor=self.executor,
+        )
+        storage_section = config.section("storage")
+        # Compaction and retention ([storage]): a background task, never on a request's path.
+        self.maintenance = StorageMaintenance(
+            storage,
+            self.journal,
+            self.executor,
+            compact=bool(storage_section["compact_after_terminal"]),
+            retain_days=float(storage_section["retain_days"]),
+            interval_seconds=float(storage_section["maintenance_interval_seconds"]),
         )
         self.runtimes: dict[str, Runtime] = {}
         for runtime in plugins.runtimes(config):
@@ -181,6 +192,7 @@ class Gateway:
         await self.journal.start()
         interrupted = await self.runs.recover()
         await self.watcher.start()
+        await self.maintenance.start()
         if interrupted:
             log.warning("marked %d run(s) left active by a previous process as interrupted", interrupted)
         await self.plugins.startup(app)
@@ -219,6 +231,7 @@ class Gateway:
         await self.plugins.shutdown(app)
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()
+        await self.maintenance.stop()
         await self.journal.close()
         loop = asyncio.get_running_loop()
         # A cancelled await does not stop its worker thread: let every storage call still running

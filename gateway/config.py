@@ -6,6 +6,7 @@ Precedence: defaults < the TOML file < environment ``AGENT_GATEWAY__<SECTION>__<
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -16,6 +17,8 @@ from typing import Any
 
 ENV_PREFIX = "AGENT_GATEWAY__"
 CONFIG_ENV = "AGENT_GATEWAY_CONFIG"
+# A retention longer than this (100 years) is a typo, not a policy.
+MAX_RETAIN_DAYS = 36_500
 
 Validator = Callable[[dict[str, Any]], list[tuple[str, str]]]
 
@@ -105,6 +108,17 @@ def _validate_workspaces(section: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+def _validate_storage(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
+    retain_days = section["retain_days"]
+    if not math.isfinite(retain_days) or not 0 <= retain_days <= MAX_RETAIN_DAYS:
+        problems.append(("retain_days", f"must be 0 (keep everything) or a number of days up to {MAX_RETAIN_DAYS}"))
+    interval = section["maintenance_interval_seconds"]
+    if not math.isfinite(interval) or interval <= 0:
+        problems.append(("maintenance_interval_seconds", "must be a positive number of seconds"))
+    return problems
+
+
 CORE_SECTIONS = [
     SectionSpec(
         "gateway",
@@ -139,7 +153,12 @@ CORE_SECTIONS = [
         _validate_auth,
         "Bearer tokens mapped to actor ids. None: one local actor, loopback only.",
     ),
-    SectionSpec("storage", {"url": ""}, None, "Storage URL; empty: SQLite in the data directory."),
+    SectionSpec(
+        "storage",
+        {"url": "", "compact_after_terminal": False, "retain_days": 0.0, "maintenance_interval_seconds": 3600.0},
+        _validate_storage,
+        "Storage URL (empty: SQLite in the data directory), compaction and retention.",
+    ),
     SectionSpec(
         "workspaces",
         {"roots": {}, "owners": {}, "allow_shell": False},

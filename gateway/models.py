@@ -273,11 +273,15 @@ def sse_frames(events: list[Event], project: Callable[[Event], Any] | None = Non
                     % (_SEQ_FORMAT % event.seq, _FRAME_KINDS.get(kind) or _frame_kind(kind), dumps(projected))
                 )
         return b"".join(parts)
-    extend = parts.extend
+    append = parts.append
+    # One `%` per event into the frame template of its (run, kind, source): consecutive events of
+    # a batch share it, so it is looked up again only when one of the three changes.
+    run = kind = source = None
+    template = b""
     for event in events:
         frame = event._frame
         if frame is not None:
-            parts.append(frame)
+            append(frame)
             continue
         payload = event._payload_bytes
         if payload is None:
@@ -285,19 +289,11 @@ def sse_frames(events: list[Event], project: Callable[[Event], Any] | None = Non
                 payload = event._payload_bytes = orjson.dumps(event._payload)  # `dumps`, inline: the hot path
             except TypeError:
                 payload = event._payload_bytes = dumps(event._payload)
-        kind, seq = event.kind, _SEQ_FORMAT % event.seq
-        extend(
-            (
-                b"id: ",
-                seq,
-                _FRAME_KINDS.get(kind) or _frame_kind(kind),
-                _WIRE_HEADS.get(event.host_run_id) or _wire_head(event.host_run_id),
-                seq,
-                _WIRE_KINDS.get((kind, event.source)) or _wire_kind(kind, event.source),
-                payload,
-                _FRAME_TAIL % event.created_at,
-            )
-        )
+        if event.kind is not kind or event.host_run_id is not run or event.source is not source:
+            run, kind, source = event.host_run_id, event.kind, event.source
+            template = _FRAME_TEMPLATES.get((run, kind, source)) or _frame_template(run, kind, source)
+        seq = event.seq
+        append(template % (seq, seq, payload, event.created_at))
     return b"".join(parts)
 
 
@@ -308,6 +304,7 @@ _FRAME_TAIL = b',"createdAt":%d}\n\n'
 _WIRE_HEADS: dict[str, bytes] = {}
 _WIRE_KINDS: dict[tuple[str, str], bytes] = {}
 _FRAME_KINDS: dict[str, bytes] = {}
+_FRAME_TEMPLATES: dict[tuple[str, str, str], bytes] = {}
 _MEMO_LIMIT = 4096
 
 
@@ -332,3 +329,15 @@ def _frame_kind(kind: str) -> bytes:
     # A line break in a kind would end the SSE field early: the event line never carries one.
     line = " ".join(kind.splitlines()) if ("\n" in kind or "\r" in kind) else kind
     return _memo(_FRAME_KINDS, kind, b"\nevent: %b\ndata: " % line.encode())
+
+
+def _frame_template(host_run_id: str, kind: str, source: str) -> bytes:
+    """A whole SSE frame with four holes: the seq (twice), the payload JSON and `createdAt`."""
+    constant = (
+        _FRAME_KINDS.get(kind) or _frame_kind(kind),
+        _WIRE_HEADS.get(host_run_id) or _wire_head(host_run_id),
+        _WIRE_KINDS.get((kind, source)) or _wire_kind(kind, source),
+    )
+    escaped = [part.replace(b"%", b"%%") for part in constant]  # a `%` in an id or a kind is text
+    template = b"id: %b%b%b%b%b%b" % (_SEQ_FORMAT, escaped[0], escaped[1], _SEQ_FORMAT, escaped[2], b"%b" + _FRAME_TAIL)
+    return _memo(_FRAME_TEMPLATES, (host_run_id, kind, source), template)

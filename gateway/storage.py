@@ -135,3 +135,23 @@ class Storage(Protocol):
 
     def runs_without_digest(self, limit: int = 1000) -> list[Run]:
         """Ended runs not yet indexed (e.g. marked interrupted at start-up)."""
+
+    # -- keeping the disk bounded (gateway/retention.py schedules these; never on the request path) --
+    # Optional: a storage without them is never compacted nor pruned. Each call is one or a few
+    # short transactions, so the journal's writer never waits long behind one.
+    def compact_run(self, host_run_id: str, max_events: int = 4096) -> tuple[int, int]:
+        """Fold an ended run's consecutive text deltas (same kind, source and other payload keys)
+        into fewer stored events; returns (stored events before, after). Invariants: no seq is
+        reused (a compacted event keeps the seq of the last delta it covers), and
+        ``read_events(after_seq=k)`` for ANY k returns exactly what followed k (a compacted event
+        covering k comes back cut to the text after k). A run whose terminal event is not stored
+        is left alone."""
+
+    def expired_runs(self, before_ms: int, limit: int = 100) -> list[str]:
+        """Ids of ended runs last updated before ``before_ms`` whose session is not pinned,
+        oldest first."""
+
+    def delete_run_history(self, host_run_id: str, before_ms: int, max_events: int = 2000) -> bool:
+        """One bounded step of deleting an expired run (its events, oldest first, then its row,
+        receipts and digest; a session left without runs loses its record and index row). True
+        when nothing of it is left, or it is no longer expired (then it is left alone)."""

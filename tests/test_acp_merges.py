@@ -41,7 +41,10 @@ class FloodPlugin:
     def register_runtimes(self, register: Any, config: Any) -> None:
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", "flood"]
-        register(AcpRuntime(AcpAgentSpec(AGENT, "Fake ACP (flood)", "fake-acp", command, env=env)))
+        # One journal event per update (no backlog coalescing): what this test is about is the
+        # stream merging for a lagging client, which needs more events than its socket holds.
+        spec = AcpAgentSpec(AGENT, "Fake ACP (flood)", "fake-acp", command, env=env, coalesce_backlog=0)
+        register(AcpRuntime(spec))
 
 
 async def _metrics(client: TestClient) -> dict[str, Any]:

@@ -12,9 +12,11 @@ never read and reorders updates when the handler awaits. Here:
 * a single reader task handles stdout in arrival order. ``session/update``
   notifications are handed to ``on_update`` inline (a sync callback, or one
   returning an awaitable, which is awaited before the next line is handled: no
-  task or coroutine per update otherwise), and a response resolves its request
-  only after every update received before it has been delivered — so the last
-  chunk of a turn is always seen before ``prompt()`` returns;
+  task or coroutine per update otherwise) — or, with ``on_updates``, as one list
+  of the consecutive updates that arrived in one read of stdout — and a
+  response resolves its request only after every update received before it has
+  been delivered — so the last chunk of a turn is always seen before
+  ``prompt()`` returns;
 * agent→client requests (``session/request_permission``, ``fs/*``, anything
   registered in ``request_handlers``) are started in arrival order but run as
   their own tasks, so a permission waiting for a human never stalls the
@@ -63,6 +65,7 @@ __all__ = [
     "NotificationHandler",
     "RequestHandler",
     "UpdateHandler",
+    "UpdatesHandler",
 ]
 
 log = logging.getLogger("agent_gateway.acp")
@@ -78,6 +81,9 @@ CANCELLED_PERMISSION: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
 
 #: ``on_update(session_id, update)``; may return an awaitable, which is awaited in order.
 UpdateHandler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
+#: ``on_updates([(session_id, update), ...])``: consecutive updates read together, in order; may
+#: return an awaitable, which is awaited before the next message is handled.
+UpdatesHandler = Callable[[list[tuple[str, Any]]], Awaitable[None] | None]
 #: An agent→client request handler: ``handler(params)`` → the JSON result (or an awaitable of it).
 RequestHandler = Callable[[dict[str, Any]], Awaitable[Any] | Any]
 #: ``on_notification(method, params)`` for notifications other than ``session/update``.
@@ -168,6 +174,7 @@ class AcpProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         on_update: UpdateHandler | None = None,
+        on_updates: UpdatesHandler | None = None,
         on_permission: RequestHandler | None = None,
         on_read_text_file: RequestHandler | None = None,
         on_write_text_file: RequestHandler | None = None,
@@ -187,6 +194,8 @@ class AcpProcess:
         self.cwd: str | None = os.fspath(cwd) if cwd is not None else None
         self.name: str = name or os.path.basename(self.command[0])
         self.on_update = on_update
+        # Takes the place of `on_update` when given: one call per run of updates read together.
+        self.on_updates = on_updates
         self.on_notification = on_notification
         self._has_fs_read = on_read_text_file is not None
         self._has_fs_write = on_write_text_file is not None
@@ -479,8 +488,12 @@ class AcpProcess:
 
     async def _handle_lines(self, lines: list[bytes]) -> None:
         """Handle complete lines in order. A ``session/update`` notification (most lines of a
-        turn) is parsed with orjson and handed to ``on_update`` right here, with no coroutine or
-        task per line; its result is awaited only when it is awaitable."""
+        turn) is parsed with orjson and handed on right here, with no coroutine or task per line:
+        to ``on_update`` one by one (its result awaited only when it is awaitable), or, with
+        ``on_updates``, as the list of consecutive updates of these lines, delivered before the
+        next other message is handled and at their end."""
+        on_updates = self.on_updates
+        batch: list[tuple[str, Any]] = []
         for line in lines:
             try:
                 message = orjson.loads(line)
@@ -489,27 +502,43 @@ class AcpProcess:
                 if message is _SKIP:
                     continue
             if type(message) is dict and message.get("method") == "session/update" and message.get("id") is None:
-                on_update = self.on_update
-                if on_update is None:
-                    continue
                 params = message.get("params")
                 if type(params) is not dict:
                     params = {}
                 session_id = params.get("sessionId")
+                session_id = session_id if type(session_id) is str else "" if session_id is None else str(session_id)
+                if on_updates is not None:
+                    batch.append((session_id, params.get("update")))
+                    continue
+                on_update = self.on_update
+                if on_update is None:
+                    continue
                 try:
-                    result = on_update(
-                        session_id if type(session_id) is str else "" if session_id is None else str(session_id),
-                        params.get("update"),
-                    )
+                    result = on_update(session_id, params.get("update"))
                     if result is not None and inspect.isawaitable(result):
                         await result
                 except Exception:
                     log.exception("ACP %s: handler for session/update failed", self.name)
-            elif type(message) is list:
+                continue
+            if batch:  # the updates before this message are delivered before it is handled
+                await self._deliver_updates(batch)
+                batch = []
+            if type(message) is list:
                 for item in message:
                     await self._dispatch(item)
             else:
                 await self._dispatch(message)
+        if batch:
+            await self._deliver_updates(batch)
+
+    async def _deliver_updates(self, updates: list[tuple[str, Any]]) -> None:
+        assert self.on_updates is not None
+        try:
+            result = self.on_updates(updates)
+            if result is not None and inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("ACP %s: handler for session/update failed", self.name)
 
     def _parse_slowly(self, line: bytes) -> Any:
         """What orjson refuses: a blank line (skipped), JSON only the standard library reads (an
@@ -572,11 +601,13 @@ class AcpProcess:
     async def _handle_notification(self, method: str, params: Any) -> None:
         try:
             if method == "session/update":
-                if self.on_update is None:
-                    return
                 params = params if isinstance(params, dict) else {}
                 session_id = params.get("sessionId")
-                await _maybe_await(self.on_update("" if session_id is None else str(session_id), params.get("update")))
+                session_id = "" if session_id is None else str(session_id)
+                if self.on_updates is not None:
+                    await _maybe_await(self.on_updates([(session_id, params.get("update"))]))
+                elif self.on_update is not None:
+                    await _maybe_await(self.on_update(session_id, params.get("update")))
             elif self.on_notification is not None:
                 await _maybe_await(self.on_notification(method, params))
             else:

@@ -43,6 +43,13 @@ merges deltas whose payloads differ only in ``text``):
   ``text`` the concatenation of its text blocks.
 
 The update's own other fields (``messageId``, ``_meta``) are kept as they are.
+
+:func:`coalesce_updates` maps the updates that arrived together (one read of the agent's stdout)
+and joins consecutive ``message.delta`` / ``thought.delta`` payloads that differ only in ``text``
+into one, as the stream merges deltas for a client that falls behind: the same text in the same
+order, in fewer events. An agent that writes no faster than the gateway reads arrives one update
+per read and keeps one event per update; one that is ahead (its updates wait in the pipe) gets
+its backlog journalled in larger deltas.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["UPDATE_KINDS", "extract_text", "map_update"]
+__all__ = ["COALESCED_KINDS", "UPDATE_KINDS", "coalesce_updates", "extract_text", "map_update"]
 
 #: ACP ``sessionUpdate`` kind → gateway event kind (``tool_call_update`` is
 #: refined by status in :func:`map_update`).
@@ -144,6 +151,40 @@ _MAPPERS.update(
     user_message_chunk=_map_user_chunk,
     tool_call_update=_map_tool_call_update,
 )
+
+
+#: Event kinds whose consecutive payloads that differ only in ``text`` are joined by
+#: :func:`coalesce_updates` (the kinds the stream merges for a client that falls behind).
+COALESCED_KINDS = frozenset({"message.delta", "thought.delta"})
+
+
+def coalesce_updates(updates: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Map raw ``update`` objects received together, in order, joining consecutive deltas of one
+    kind whose payloads are equal apart from ``text`` (their texts concatenated, in order)."""
+    mapped: list[tuple[str, dict[str, Any]]] = []
+    texts: list[str] = []  # the texts of the delta being joined (the last of `mapped`)
+    joined_kind: str | None = None
+    joined_rest: dict[str, Any] | None = None  # its payload without `text` (None: only `text`)
+    for update in updates:
+        kind, payload = map_update(update)
+        if kind in COALESCED_KINDS:
+            rest = None if len(payload) == 1 else {key: value for key, value in payload.items() if key != "text"}
+            if kind == joined_kind and rest == joined_rest:
+                texts.append(payload["text"])
+                continue
+            if len(texts) > 1:
+                mapped[-1][1]["text"] = "".join(texts)
+            mapped.append((kind, payload))
+            texts = [payload["text"]]
+            joined_kind, joined_rest = kind, rest
+            continue
+        if len(texts) > 1:
+            mapped[-1][1]["text"] = "".join(texts)
+        texts, joined_kind = [], None
+        mapped.append((kind, payload))
+    if len(texts) > 1:
+        mapped[-1][1]["text"] = "".join(texts)
+    return mapped
 
 
 def map_update(update: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -43,7 +43,7 @@ from agent_gateway.acp.client import (
     AcpRequestError,
     AcpTimeout,
 )
-from agent_gateway.acp.mapping import extract_text, map_update
+from agent_gateway.acp.mapping import coalesce_updates, extract_text, map_update
 from agent_gateway.environment import agent_environment
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import (
@@ -57,6 +57,10 @@ from agent_gateway.sessions import (
 log = logging.getLogger("agent_gateway.acp.runtime")
 
 STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
+# Updates in one read of the agent's stdout from which its consecutive text deltas are journalled
+# joined: an agent this far ahead of the gateway (its updates waited in the pipe) has its backlog
+# merged, as a lagging client's stream is; one the gateway keeps up with gets one event per update.
+COALESCE_BACKLOG = 32
 ALLOW_KINDS = ("allow_once", "allow_always")
 
 
@@ -91,6 +95,9 @@ class AcpAgentSpec:
     prompt_timeout: float | None = None
     cancel_grace: float = 10.0
     mcp_servers: list[dict[str, Any]] = field(default_factory=list)
+    # Updates in one read of the agent's stdout from which its consecutive text deltas are
+    # journalled joined (see COALESCE_BACKLOG); 0: always one event per update.
+    coalesce_backlog: int = COALESCE_BACKLOG
     version: str | None = None
     capabilities: list[str] = field(default_factory=lambda: ["chat", "files"])
     fields: list[dict[str, Any]] = field(default_factory=list)
@@ -396,7 +403,7 @@ class AcpRuntime:
             self.spec.command,
             env=self._environment(),
             cwd=str(process_dir),
-            on_update=lambda session_id, update: self._on_update(binding_box["b"], session_id, update),
+            on_updates=lambda updates: self._on_updates(binding_box["b"], updates),
             on_permission=lambda params: self._on_permission(binding_box["b"], params),
             on_read_text_file=lambda params: self._on_read(binding_box["b"], params),
             on_write_text_file=lambda params: self._on_write(binding_box["b"], params),
@@ -788,19 +795,37 @@ class AcpRuntime:
         return [{"type": "text", "text": prompt_text(turn)}]
 
     # -- agent → client ------------------------------------------------------------------------
-    def _on_update(self, binding: Binding, session_id: str, update: dict[str, Any]) -> Awaitable[None] | None:
-        """Journal one update, synchronously while the journal has room (the ACP reader then
-        goes on with the next line at once); otherwise the awaitable that waits for room."""
+    def _on_updates(self, binding: Binding, updates: list[tuple[str, Any]]) -> Awaitable[None] | None:
+        """Journal the updates that arrived in one read, in order, one event per update — or, for
+        a backlog of the spec's `coalesce_backlog` or more, with consecutive text deltas joined
+        (`coalesce_updates`). Synchronously while the journal has room (the ACP reader then goes
+        on at once); otherwise the awaitable that journals the rest, waiting for room, which the
+        reader awaits before the next message."""
         if binding.replay is not None:
-            binding.replay.append(update)
+            binding.replay.extend(update for _, update in updates)
             return None
         turn = binding.turn
-        if turn is None or session_id != binding.agent_session_id:
+        if turn is None:
             return None  # between turns (e.g. a late available_commands_update): nothing to journal it in
-        kind, payload = map_update(update)
-        if turn.emit_nowait(kind, payload):
-            return None
-        return turn.emit(kind, payload)
+        own = binding.agent_session_id
+        own_updates = [update for session_id, update in updates if session_id == own]
+        backlog = self.spec.coalesce_backlog
+        if backlog and len(own_updates) >= backlog:
+            events = coalesce_updates(own_updates)
+        else:
+            events = [map_update(update) for update in own_updates]
+        emit_nowait = turn.emit_nowait
+        for index, (kind, payload) in enumerate(events):
+            if not emit_nowait(kind, payload):
+                return self._emit_waiting(binding, turn, events[index:])
+        return None
+
+    @staticmethod
+    async def _emit_waiting(binding: Binding, turn: Turn, events: list[tuple[str, dict[str, Any]]]) -> None:
+        for kind, payload in events:
+            if binding.turn is not turn:
+                return  # the turn ended meanwhile (cancelled, agent closed): nothing to journal the rest in
+            await turn.emit(kind, payload)
 
     async def _on_permission(self, binding: Binding, params: dict[str, Any]) -> dict[str, Any]:
         turn = binding.turn

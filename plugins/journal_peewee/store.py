@@ -44,6 +44,7 @@ from playhouse import db_url
 
 from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
 
+from .maintenance import MaintenanceMixin
 from .sessions import SessionIndexMixin
 
 log = logging.getLogger("agent_gateway.storage")
@@ -296,7 +297,7 @@ def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
 # -- the storage ------------------------------------------------------------------------------------
 
 
-class PeeweeStorage(SessionIndexMixin):
+class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
     """:class:`gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
@@ -348,6 +349,13 @@ class PeeweeStorage(SessionIndexMixin):
         # Connections found dropped by the server (and replaced by fresh ones).
         self.connections_lost = 0
         self._lost_lock = threading.Lock()
+
+    # Compaction and retention (maintenance.py), re-opening a dropped connection like every
+    # other method: each is safe to run again (a compacted stretch is not folded twice, a deletion
+    # step deletes what is left).
+    compact_run = _reconnecting(MaintenanceMixin.compact_run)
+    expired_runs = _reconnecting(MaintenanceMixin.expired_runs)
+    delete_run_history = _reconnecting(MaintenanceMixin.delete_run_history)
 
     def __repr__(self) -> str:
         return f"PeeweeStorage({redact_url(self.url)!r}, table_prefix={self.table_prefix!r}, schema={self.schema!r})"
@@ -401,6 +409,7 @@ class PeeweeStorage(SessionIndexMixin):
                     self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 self.database.create_tables(self.models.all(), safe=True)
                 self._open_session_index()
+                self._open_maintenance()
             self._opened = True
 
     @_reconnecting
@@ -600,12 +609,25 @@ class PeeweeStorage(SessionIndexMixin):
 
     @_reconnecting
     def read_events(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
-        """Events with seq > after_seq, in seq order, at most ``limit`` of them."""
+        """Events with seq > after_seq, in seq order, at most ``limit`` of them. A compacted event
+        (maintenance.py) that covers ``after_seq`` comes back cut to the text after it."""
         model = self.models.event
-        query = self._event_query(host_run_id).where(model.seq > after_seq).order_by(model.seq)
-        if limit is not None:
-            query = query.limit(limit)
-        return [self._tuple_to_event(row) for row in query]
+        spans = self._compacted_spans(host_run_id, after_seq)
+        found: list[Event] = []
+        start = after_seq
+        while True:  # more than once only when raw rows inside a compacted range were left out
+            query = self._event_query(host_run_id).where(model.seq > start).order_by(model.seq)
+            wanted = None if limit is None else limit - len(found)
+            if wanted is not None:
+                query = query.limit(wanted)
+            rows = [self._tuple_to_event(row) for row in query]
+            if not spans:
+                return rows
+            events, dropped = self._resolve_compacted(rows, spans, after_seq)
+            found.extend(events)
+            if not dropped or wanted is None or len(rows) < wanted:
+                return found
+            start = rows[-1].seq
 
     @_reconnecting
     def last_event(self, host_run_id: str) -> Event | None:
