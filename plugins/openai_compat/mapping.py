@@ -5,7 +5,10 @@ state each protocol needs (is the message open, which output index a tool call h
 Responses stream is opened with ``merge_deltas=False``, so it gets every journal event, never a
 merged delta (``PluginRoutes.stream`` replays a slow client from the journal instead) and
 ``sequence_number`` depends on the journal alone: dense, and a resumed stream numbers every event
-as the first stream did. Chat chunks are not numbered: a merged delta there is just longer text.
+as the first stream did. A delta the journal compacted after the run ended (``mergedCount``
+deltas in one, keeping the last one's seq) takes as many numbers and is sent under the last, so
+numbers keep their meaning (a resume of a compacted run skips the inner ones). Chat chunks are
+not numbered: a merged delta there is just longer text.
 
 Tool activity is summarised (id, tool name or title, kind, status): never the tool's arguments,
 results, receipt ids or paths.
@@ -52,6 +55,13 @@ def dumps(value: Any) -> bytes:
 def _text(payload: dict[str, Any]) -> str:
     text = payload.get("text")
     return text if isinstance(text, str) else ""
+
+
+def _span(payload: dict[str, Any]) -> int:
+    """How many journal seqs a text delta stands for: 1, or ``mergedCount`` for a delta the
+    journal compacted after the run ended (it keeps the seq of the last delta it covers)."""
+    count = payload.get("mergedCount", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 1 else 1
 
 
 def tool_summary(event: Event) -> dict[str, Any] | None:
@@ -238,6 +248,8 @@ class ResponseStream:
         self._reasoning: int | None = None  # output index of the open reasoning item
         self._reasoning_parts: list[str] = []
         self._delta_frame = b""  # set when the message item opens
+        # A resume inside a compacted delta: its seq -> the text after the client's point.
+        self.cut_texts: dict[int, str] = {}
 
     # -- the response object
     def response(self) -> dict[str, Any]:
@@ -397,11 +409,13 @@ class ResponseStream:
             if kind == "message.delta" and event.source != REPLAY_SOURCE:  # the hot path
                 if self._message is None:
                     self._open_message(out)
-                text = _text(event.payload)
+                payload = event.payload
+                text = _text(payload)
                 keep(text)
-                self.number += 1
+                self.number += _span(payload)
                 if self.number > self.starting_after:
-                    out.append(self._delta_frame % (to_json(text), self.number))
+                    sent = self.cut_texts.pop(event.seq, text)  # what a resumed client lacks of it
+                    out.append(self._delta_frame % (to_json(sent), self.number))
                 continue
             if event.source == REPLAY_SOURCE:
                 continue
@@ -412,7 +426,9 @@ class ResponseStream:
                     self._open_reasoning(out)
                 text = _text(event.payload)
                 self._reasoning_parts.append(text)
-                fields = self._at(self._reasoning, delta=text)  # type: ignore[arg-type]
+                self.number += _span(event.payload) - 1  # `_emit` counts the last seq it covers
+                sent = self.cut_texts.pop(event.seq, text) if self.number + 1 > self.starting_after else text
+                fields = self._at(self._reasoning, delta=sent)  # type: ignore[arg-type]
                 self._emit(out, "response.reasoning_text.delta", fields)
             elif kind in TOOL_KINDS:
                 self._tool(out, event)
@@ -456,6 +472,18 @@ class ResponseStream:
             self.status = "cancelled" if status == "cancelled" else "incomplete"
             self.incomplete = {"reason": status}
             self._emit(out, "response.incomplete", {"response": self.response()})
+
+    def resume_point(self, events: Iterable[Event], starting_after: int) -> tuple[int, int] | None:
+        """Where ``starting_after`` falls inside a compacted delta (one event standing for several
+        seqs, each of which had its own number when first streamed): ``(seq the client has, seq of
+        the compacted event)``, so the caller can read the text after it; None otherwise."""
+        self.starting_after = sys.maxsize
+        for event in events:
+            before = self.number
+            self.encode([event])
+            if event.kind in ("message.delta", "thought.delta") and before < starting_after < self.number:
+                return event.seq - (self.number - starting_after), event.seq
+        return None
 
     def fold(self, events: Iterable[Event]) -> None:
         """Fold ``events`` into the response object without building any frame."""

@@ -289,6 +289,13 @@ class OpenAIRoutes:
         if stream == "true":
             after = int(starting_after) if starting_after is not None else -1
             encoder = ResponseStream(run, reasoning=self.reasoning, starting_after=after)
+            if after >= 0 and run.is_terminal:  # an ended run may be compacted: cut inside a delta?
+                point = ResponseStream(run, reasoning=self.reasoning).resume_point(await self._all_events(run), after)
+                if point is not None:
+                    has, compacted = point
+                    cut = await self.routes.events(run, has, 1)  # the journal cuts it after `has`
+                    if cut and cut[0].seq == compacted:
+                        encoder.cut_texts[compacted] = str(cut[0].payload.get("text", ""))
             return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False)
         return web.json_response(self._response(run, await self._all_events(run)))
 
