@@ -1,0 +1,112 @@
+"""Helpers for the cluster tests: a fresh PostgreSQL database per test, a Redis key prefix per
+test, and several real `agent-gateway serve` processes sharing them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.conftest import POSTGRES_URL
+from tests.test_cli import Served, clean_env, serve
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+JSON = {"Content-Type": "application/json"}
+
+
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database (dropped afterwards); yields its URL."""
+    import psycopg2
+
+    name = "ag_cluster_" + secrets.token_hex(6)
+    admin = psycopg2.connect(POSTGRES_URL, connect_timeout=5)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cursor:
+            cursor.execute(f'CREATE DATABASE "{name}"')
+        base = POSTGRES_URL.rsplit("/", 1)[0]
+        yield f"{base}/{name}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+
+
+def instance_env(
+    tmp_path: Path, name: str, database_url: str, *, redis_url: str | None, key_prefix: str, extra: dict[str, str]
+) -> dict[str, str]:
+    env = clean_env(
+        tmp_path,
+        AGENT_GATEWAY__STORAGE__URL=database_url,
+        AGENT_GATEWAY__GATEWAY__DATA_DIR=str(tmp_path / name),
+        **extra,
+    )
+    if redis_url is not None:
+        env["AGENT_GATEWAY__CLUSTER__REDIS_URL"] = redis_url
+        env["AGENT_GATEWAY__CLUSTER__INSTANCE_ID"] = name
+        env["AGENT_GATEWAY__CLUSTER__KEY_PREFIX"] = key_prefix
+    return env
+
+
+@contextlib.asynccontextmanager
+async def instances(
+    tmp_path: Path,
+    database_url: str,
+    count: int = 3,
+    *,
+    redis_url: str | None = REDIS_URL,
+    extra: dict[str, str] | None = None,
+) -> AsyncIterator[list[Served]]:
+    """`count` gateways on one database (and, with `redis_url`, one cluster), started at once."""
+    prefix = "agtest:" + secrets.token_hex(4) + ":"
+    tmp_path.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (a local mkdir, once)
+    async with contextlib.AsyncExitStack() as stack:
+        starts = [
+            stack.enter_async_context(
+                serve(
+                    "--port",
+                    "0",
+                    env=instance_env(
+                        tmp_path, f"gw{i}", database_url, redis_url=redis_url, key_prefix=prefix, extra=extra or {}
+                    ),
+                    cwd=tmp_path,
+                )
+            )
+            for i in range(count)
+        ]
+        yield list(await asyncio.gather(*starts))
+
+
+async def post_json(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    async with http.post(url, json=body, headers=JSON) as response:
+        return response.status, await response.json()
+
+
+async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with http.get(url) as response:
+        return response.status, await response.json()
+
+
+async def sse(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None, timeout: float = 60):
+    """Every event of an SSE stream until it ends: [(seq, kind, data)]."""
+    import json
+
+    events = []
+    async with asyncio.timeout(timeout), http.get(url, headers=headers or {}) as response:
+        assert response.status == 200, await response.text()
+        seq = kind = None
+        async for raw in response.content:
+            line = raw.decode().rstrip("\r\n")
+            if line.startswith("id: "):
+                seq = int(line[4:])
+            elif line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((seq, kind, json.loads(line[6:])))
+    return events
