@@ -358,7 +358,7 @@ def config_group() -> None:
 def config_check(config_path: str | None) -> None:
     """Report every problem as `file: key: what is wrong`; exit 1 if there is any."""
     config, plugins = _load(config_path)
-    problems = config.problems() + _storage_problems(config, plugins)
+    problems = config.problems() + _storage_problems(config, plugins) + _cluster_problems(config, plugins)
     for problem in problems:
         click.echo(problem)
     if problems:
@@ -375,6 +375,17 @@ def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
         return [f"{where}: {' '.join(str(exc).split())}"]
     if storage is None:
         return [f"{where}: no storage plugin handles {redact_url(config.storage_url)!r}"]
+    return []
+
+
+def _cluster_problems(config: Config, plugins: PluginHost) -> list[str]:
+    """Whether a cluster plugin can serve this configuration (PostgreSQL storage, Redis client)."""
+    if config.problems():
+        return []  # a bad [cluster] value is reported already
+    try:
+        plugins.cluster_coordinator(config)
+    except Exception as exc:  # the plugin's own one-line reason
+        return [f"{config.path or '<defaults>'}: cluster: {' '.join(str(exc).split())}"]
     return []
 
 
