@@ -110,3 +110,59 @@ async def sse(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | N
             elif line.startswith("data: "):
                 events.append((seq, kind, json.loads(line[6:])))
     return events
+
+
+async def follow(
+    http: aiohttp.ClientSession, urls: list[str], host_run_id: str, *, timeout: float = 90
+) -> tuple[list[dict[str, Any]], int]:
+    """A client that streams a run to its terminal event, resuming with Last-Event-ID on the next
+    instance whenever a connection breaks. Returns every event it was sent and how many times it
+    resumed (bounded: at most 20 resumes, `timeout` seconds in all)."""
+    import json
+
+    seen: list[dict[str, Any]] = []
+    resumes = 0
+    async with asyncio.timeout(timeout):
+        for attempt in range(21):
+            url = urls[attempt % len(urls)]
+            headers = {"Last-Event-ID": seen[-1]["seq"]} if seen else {}
+            try:
+                async with http.get(f"{url}/v1/runs/{host_run_id}/stream", headers=headers) as response:
+                    if response.status != 200:
+                        raise aiohttp.ClientError(f"{response.status}")
+                    async for raw in response.content:
+                        line = raw.decode().rstrip("\r\n")
+                        if line.startswith("data: "):
+                            seen.append(json.loads(line[6:]))
+            except (aiohttp.ClientError, ConnectionError):
+                pass
+            if seen and seen[-1]["kind"] in TERMINAL_KINDS:
+                return seen, resumes
+            resumes += 1
+    raise AssertionError(f"{host_run_id}: no terminal event after 20 resumes; got {len(seen)} events")
+
+
+TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled", "run.interrupted"})
+
+
+async def wait_for_health(
+    http: aiohttp.ClientSession, url: str, check: Any, *, timeout: float = 30, every: float = 0.1
+) -> dict[str, Any]:
+    """Poll `url`/v1/health until `check(body)` holds (bounded in time)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{url}/v1/health") as response:
+                    body = await response.json()
+                    if check(body):
+                        return dict(body)
+            await asyncio.sleep(every)  # poll pacing: the condition itself is what the caller waits for
+
+
+def assert_run_invariants(journal: list[dict[str, Any]], seen: list[dict[str, Any]]) -> None:
+    """Exactly one terminal, last; seqs strictly increasing; the client saw the journal exactly."""
+    seqs = [int(e["seq"]) for e in journal]
+    assert seqs == sorted(set(seqs)), "seqs must strictly increase"
+    assert [e["kind"] in TERMINAL_KINDS for e in journal].count(True) == 1, [e["kind"] for e in journal[-3:]]
+    assert journal[-1]["kind"] in TERMINAL_KINDS
+    assert seen == journal, (len(seen), len(journal))

@@ -4,14 +4,28 @@ processes, real PostgreSQL, real Redis. Every wait is bounded; nothing sleeps to
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from conftest import POSTGRES_URL, run_to_end
+from conftest import run_body as conftest_run_body
 
+from agent_gateway import Coordinator, Event, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests._cluster import fresh_database, get_json, instances, post_json, sse
+from tests._cluster import (
+    assert_run_invariants,
+    follow,
+    fresh_database,
+    get_json,
+    instances,
+    post_json,
+    sse,
+    wait_for_health,
+)
 
 
 async def test_three_gateways_started_at_once_on_an_empty_database_all_come_up(tmp_path: Path) -> None:
@@ -136,3 +150,200 @@ async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances
                 assert response.status in (200, 202), await response.text()
             events = await sse(http, f"{other.url}/v1/runs/{first}/stream")
             assert events[-1][1] == "run.cancelled", events[-3:]
+
+
+FAST_LEASE = {"AGENT_GATEWAY__CLUSTER__LEASE_SECONDS": "2.0", "AGENT_GATEWAY__CLUSTER__HEARTBEAT_SECONDS": "0.5"}
+
+
+async def test_sigkill_of_one_of_three_during_30_runs(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
+    # Long enough that every run is still going when the instance dies.
+    fake_llm.default = Reply("tok " * 300, chunk_size=4, delay=0.02)
+    extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url, **FAST_LEASE}
+    with fresh_database() as url:
+        async with instances(tmp_path, url, 3, extra=extra) as gateways, aiohttp.ClientSession() as http:
+            urls = [gw.url for gw in gateways]
+            created = await asyncio.gather(
+                *(post_json(http, f"{urls[i % 3]}/v1/runs", run_body(f"r-{i}", f"s-{i}")) for i in range(30))
+            )
+            run_ids = [receipt["hostRunId"] for status, receipt in created if status == 201]
+            assert len(run_ids) == 30, created
+            # Clients on all three instances (each starts one instance further along).
+            clients = [
+                asyncio.create_task(follow(http, urls[i % 3 :] + urls[: i % 3], run_id))
+                for i, run_id in enumerate(run_ids)
+            ]
+            victim = await wait_for_health(http, urls[0], lambda body: len(body["cluster"]["activeRuns"]) >= 5)
+            gateways[0].proc.kill()
+            await gateways[0].proc.wait()
+            results = await asyncio.gather(*clients)
+            survivors = urls[1:]
+            interrupted = 0
+            for run_id, (seen, _) in zip(run_ids, results, strict=True):
+                journal = await journal_of(http, survivors[0], run_id)
+                assert_run_invariants(journal, seen)
+                if run_id in victim["cluster"]["activeRuns"]:
+                    assert journal[-1]["kind"] == "run.interrupted", journal[-1]
+                    assert journal[-1]["payload"]["takenOverBy"] in ("gw1", "gw2")
+                    interrupted += 1
+                status, receipt = await get_json(http, f"{survivors[1]}/v1/runs/{run_id}")
+                assert receipt["status"] == journal[-1]["kind"].removeprefix("run."), receipt
+            assert interrupted >= 5
+            # The dead instance's sessions take new runs on a survivor.
+            status, receipt = await post_json(http, f"{survivors[0]}/v1/runs", run_body("after", "s-0", "again"))
+            assert status == 201, receipt
+            seen, _ = await follow(http, survivors, receipt["hostRunId"])
+            assert seen[-1]["kind"] == "run.completed"
+
+
+async def test_an_instance_stopped_past_its_lease_writes_nothing_after_it_resumes(
+    tmp_path: Path, fake_llm: FakeOpenAI
+) -> None:
+    fake_llm.default = Reply("tok " * 400, chunk_size=4, delay=0.02)
+    extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url, **FAST_LEASE}
+    with fresh_database() as url:
+        async with instances(tmp_path, url, 2, extra=extra) as gateways, aiohttp.ClientSession() as http:
+            owner, other = gateways
+            status, receipt = await post_json(http, f"{owner.url}/v1/runs", run_body("paused"))
+            assert status == 201, receipt
+            run_id = receipt["hostRunId"]
+            client = asyncio.create_task(follow(http, [other.url], run_id))
+            await wait_for_health(http, other.url, lambda body: body["cluster"]["relayedIn"] >= 10)
+            owner.proc.send_signal(signal.SIGSTOP)
+            try:
+                seen, _ = await client  # ends when the other instance takes the run over
+            finally:
+                owner.proc.send_signal(signal.SIGCONT)
+            journal = await journal_of(http, other.url, run_id)
+            assert_run_invariants(journal, seen)
+            assert journal[-1]["kind"] == "run.interrupted"
+            # Resumed, the paused instance finds its lease gone, drops what it still had to write,
+            # and joins again under a new lease.
+            health = await wait_for_health(
+                http, owner.url, lambda body: body["cluster"]["rejoins"] >= 1 and body["cluster"]["lease"] == "held"
+            )
+            assert health["cluster"]["fencedEvents"] > 0, health
+            assert await journal_of(http, other.url, run_id) == journal
+            status, receipt = await get_json(http, f"{owner.url}/v1/runs/{run_id}")
+            assert receipt["status"] == "interrupted", receipt
+
+
+# -- the hook, and configuration ---------------------------------------------------------------------
+
+
+async def test_cluster_coordinator_hook_a_plugin_coordinator_sees_every_committed_event(make_gateway: Any) -> None:
+    class Recording(Coordinator):
+        instance_id = "rec-1"
+        durable_delivery = True
+
+        def __init__(self) -> None:
+            self.committed_events: list[Event] = []
+            self.started = self.stopped = False
+
+        async def start(self, gateway: Any) -> None:
+            self.started = True
+
+        async def stop(self) -> None:
+            self.stopped = True
+
+        def committed(self, events: list[Event]) -> None:
+            self.committed_events += events
+
+        def health(self) -> dict[str, Any]:
+            return {"instanceId": self.instance_id, "ready": True}
+
+    coordinator = Recording()
+
+    class Plugin:
+        @hookimpl
+        def cluster_coordinator(self, config: Any) -> Coordinator:
+            return coordinator
+
+    client = await make_gateway(extra_plugins=(Plugin(),))
+    receipt, events = await run_to_end(client, conftest_run_body("hi"))
+    assert coordinator.started
+    # Delivered only once committed: every event a client saw was handed over as committed.
+    committed = [(e.seq, e.kind) for e in coordinator.committed_events if e.host_run_id == receipt["hostRunId"]]
+    assert committed == [(int(e["id"]), e["event"]) for e in events]
+    health = await (await client.get("/v1/health")).json()
+    assert health["cluster"] == {"instanceId": "rec-1", "ready": True}
+
+
+def test_without_a_cluster_section_the_gateway_is_one_instance(tmp_path: Path) -> None:
+    from agent_gateway.app import GATEWAY_KEY, create_app
+    from agent_gateway.config import Config
+
+    config = Config.load(None, overrides={"gateway": {"data_dir": str(tmp_path)}})
+    gateway = create_app(config)[GATEWAY_KEY]
+    assert type(gateway.coordinator) is Coordinator
+    assert gateway.journal.spool_dir is not None and not gateway.journal.durable_delivery
+
+
+async def test_config_check_says_cluster_mode_needs_postgresql_and_a_redis_url(tmp_path: Path) -> None:
+    from tests.test_cli import clean_env, run_cli
+
+    config = tmp_path / "c.toml"
+    config.write_text('[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\n')
+    code, out, _ = await run_cli("config", "check", "--config", str(config), env=clean_env(tmp_path), cwd=tmp_path)
+    assert code == 1 and "cluster mode ([cluster] redis_url) needs PostgreSQL storage" in out, out
+    config.write_text('[cluster]\nredis_url = "http://x"\nlease_seconds = 1.0\nheartbeat_seconds = 1.0\n')
+    code, out, _ = await run_cli("config", "check", "--config", str(config), env=clean_env(tmp_path), cwd=tmp_path)
+    assert code == 1 and "cluster.redis_url: must be a redis://" in out and "cluster.lease_seconds" in out, out
+    config.write_text(f'[storage]\nurl = "{POSTGRES_URL}"\n[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\n')
+    code, out, _ = await run_cli("config", "check", "--config", str(config), env=clean_env(tmp_path), cwd=tmp_path)
+    assert code == 0, out
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def start_redis(port: int, cwd: Path) -> asyncio.subprocess.Process:
+    """A private redis-server (never the machine's), answering PING before this returns."""
+    proc = await asyncio.create_subprocess_exec(
+        "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        cwd=cwd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                await asyncio.sleep(0.05)  # start-up pacing: the connect is what is waited for
+                continue
+            writer.close()
+            return proc
+
+
+async def test_a_redis_restart_mid_stream_loses_nothing(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
+    fake_llm.default = Reply("tok " * 400, chunk_size=4, delay=0.02)
+    port = free_port()
+    redis_proc = await start_redis(port, tmp_path)
+    extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url, **FAST_LEASE}
+    try:
+        with fresh_database() as url:
+            async with (
+                instances(tmp_path, url, 2, redis_url=f"redis://127.0.0.1:{port}/0", extra=extra) as gateways,
+                aiohttp.ClientSession() as http,
+            ):
+                owner, other = gateways
+                status, receipt = await post_json(http, f"{owner.url}/v1/runs", run_body("through-restart"))
+                assert status == 201, receipt
+                run_id = receipt["hostRunId"]
+                client = asyncio.create_task(follow(http, [other.url], run_id))
+                await wait_for_health(http, other.url, lambda body: body["cluster"]["relayedIn"] >= 10)
+                redis_proc.kill()
+                await redis_proc.wait()
+                await wait_for_health(http, other.url, lambda body: body["cluster"]["redis"] == "down")
+                redis_proc = await start_redis(port, tmp_path)
+                for gw in gateways:
+                    await wait_for_health(http, gw.url, lambda body: body["cluster"]["redis"] == "up")
+                seen, resumes = await client
+                journal = await journal_of(http, other.url, run_id)
+                assert_run_invariants(journal, seen)
+                assert journal[-1]["kind"] == "run.completed" and resumes == 0
+    finally:
+        if redis_proc.returncode is None:
+            redis_proc.kill()
+            await redis_proc.wait()

@@ -106,6 +106,7 @@ class RedisCoordinator(Coordinator):
         self.renewed_at = 0.0  # monotonic time of the last renewal
         self.redis_up = False
         self.takeovers = 0
+        self.rejoins = 0
         self.relayed_in = 0
         self.relayed_out = 0
         self._inner: Any = None
@@ -391,6 +392,8 @@ class RedisCoordinator(Coordinator):
             "ownedSessions": len(self._owned_sessions),
             "activeRuns": [run.host_run_id for run in self._gateway.runs.active_runs()] if self._gateway else [],
             "takeovers": self.takeovers,
+            "rejoins": self.rejoins,
+            "fencedEvents": self._gateway.journal.fenced if self._gateway else 0,
             "relayedIn": self.relayed_in,
             "relayedOut": self.relayed_out,
         }
@@ -582,4 +585,5 @@ class RedisCoordinator(Coordinator):
             return
         self._deliver(await self._db(self._register))
         self.lease_lost = False
+        self.rejoins += 1
         log.warning("cluster: instance %s rejoined with a new lease", self.instance_id)
