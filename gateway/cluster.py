@@ -28,6 +28,8 @@ class Coordinator:
     """A single instance: the in-process default (changes nothing)."""
 
     instance_id = "local"
+    # True: other instances share the storage (a session's active run may live on another one).
+    clustered = False
     # True: an event reaches a client only once storage has committed it (the journal delivers
     # after its group commit instead of after spooling).
     durable_delivery = False
@@ -59,6 +61,13 @@ class Coordinator:
         """The live instance (other than this one) that executes ``run``, if any: such a run
         is not this instance's to repair or interrupt."""
         return None
+
+    def status(self) -> dict[str, Any]:
+        """For ``agent-gateway cluster status``, outside any running gateway (storage open,
+        wrapped by :meth:`wrap_storage`; may block): ``{"instances": [{"instanceId", "alive",
+        "leaseRemainingSeconds", "url", "sessions", "runs": [{"hostRunId", "status",
+        "sessionId"}]}]}``."""
+        return {"instances": []}
 
     def health(self) -> dict[str, Any] | None:
         """What ``/v1/health`` shows under ``cluster`` (None: no cluster)."""

@@ -636,6 +636,10 @@ class RunManager:
             for a in self._active.values()
             if a.run.actor_id == actor_id and a.run.session_id == session_id and not a.run.is_terminal
         ]
+        if not candidates and self.coordinator.clustered:  # it may run on another instance
+            candidates = await self._db(
+                self.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
+            )
         if not candidates:
             return None
         running = [r for r in candidates if r.status != "queued"]

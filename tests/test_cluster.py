@@ -4,6 +4,7 @@ processes, real PostgreSQL, real Redis. Every wait is bounded; nothing sleeps to
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import socket
 import threading
@@ -26,6 +27,7 @@ from tests._cluster import (
     sse,
     wait_for_health,
 )
+from tests.test_cli import clean_env, run_cli
 
 
 async def test_three_gateways_started_at_once_on_an_empty_database_all_come_up(tmp_path: Path) -> None:
@@ -131,7 +133,6 @@ async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances
             )
             assert sorted(status for status, _ in answers) == [200, 200, 201], answers
             assert len({receipt["hostRunId"] for _, receipt in answers}) == 1
-            first = answers[0][1]["hostRunId"]
             # The next run of that session, sent to every instance, runs where the first does.
             owners = []
             for index, gw in enumerate(gateways):
@@ -141,14 +142,31 @@ async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances
                 owners.append([i for i, runs in enumerate(actives) if receipt["hostRunId"] in runs])
             assert all(len(found) == 1 for found in owners), owners
             assert len({found[0] for found in owners}) == 1, owners
-            # Cancel from an instance that does not own the session reaches the owner.
+            # Every instance knows the session's active run, wherever it runs.
+            for gw in gateways:
+                status, active = await get_json(http, f"{gw.url}/v1/sessions/s-9/active-run")
+                assert status == 200 and active["run"] is not None, active
+            # `agent-gateway cluster status` lists the three and where the session's runs are.
+            env = clean_env(
+                tmp_path, AGENT_GATEWAY__STORAGE__URL=url, AGENT_GATEWAY__CLUSTER__REDIS_URL="redis://127.0.0.1:6379/0"
+            )
+            code, out, err = await run_cli("cluster", "status", "--json", env=env, cwd=tmp_path)
+            assert code == 0, err
+            listed = json.loads(out)["instances"]
+            assert [i["instanceId"] for i in listed] == ["gw0", "gw1", "gw2"] and all(i["alive"] for i in listed)
+            assert listed[owners[0][0]]["sessions"] == 1 and listed[owners[0][0]]["runs"], listed
+            code, out, err = await run_cli("cluster", "status", env=env, cwd=tmp_path)
+            assert code == 0 and "gw0" in out and "alive" in out, (out, err)
+            # Cancel from an instance that does not own the session reaches the owner (the last
+            # run is still queued behind the others).
+            last = receipt["hostRunId"]
             owner = owners[0][0]
             other = gateways[(owner + 1) % 3]
             async with http.post(
-                f"{other.url}/v1/runs/{first}/cancel", headers={"X-Agent-Gateway-Client": "test"}
+                f"{other.url}/v1/runs/{last}/cancel", headers={"X-Agent-Gateway-Client": "test"}
             ) as response:
                 assert response.status in (200, 202), await response.text()
-            events = await sse(http, f"{other.url}/v1/runs/{first}/stream")
+            events = await sse(http, f"{other.url}/v1/runs/{last}/stream")
             assert events[-1][1] == "run.cancelled", events[-3:]
 
 

@@ -93,6 +93,7 @@ class FencedStorage:
 
 class RedisCoordinator(Coordinator):
     durable_delivery = True
+    clustered = True
 
     def __init__(self, section: dict[str, Any]) -> None:
         self.instance_id = section["instance_id"] or f"{socket.gethostname()}-{secrets.token_hex(4)}"
@@ -381,6 +382,37 @@ class RedisCoordinator(Coordinator):
             extra = error.get("extra") or {}
             raise ApiError(int(error["status"]), str(error["code"]), str(error["message"]), **extra)
         return dict(answer.get("ok") or {})
+
+    def status(self) -> dict[str, Any]:
+        instances = self._sql(
+            f"SELECT instance_id, url, EXTRACT(EPOCH FROM (expires_at - now())) FROM {self._table('instances')} "
+            "ORDER BY instance_id"
+        ).fetchall()
+        listed = []
+        for instance_id, url, remaining in instances:
+            (sessions,) = self._sql(
+                f"SELECT count(*) FROM {self._table('sessions')} WHERE instance_id = %s", (instance_id,)
+            ).fetchone()
+            run_ids = self._sql(
+                f"SELECT host_run_id FROM {self._table('runs')} WHERE instance_id = %s ORDER BY host_run_id",
+                (instance_id,),
+            ).fetchall()
+            runs = []
+            for (host_run_id,) in run_ids:
+                run = self._inner.get_run(host_run_id)
+                if run is not None and not run.is_terminal:
+                    runs.append({"hostRunId": host_run_id, "status": run.status, "sessionId": run.session_id})
+            listed.append(
+                {
+                    "instanceId": instance_id,
+                    "url": url,
+                    "alive": float(remaining) > 0,
+                    "leaseRemainingSeconds": round(float(remaining), 1),
+                    "sessions": int(sessions),
+                    "runs": runs,
+                }
+            )
+        return {"instances": listed}
 
     def health(self) -> dict[str, Any]:
         return {
