@@ -193,9 +193,10 @@ class RunManager:
                 knownAgents=sorted(self.runtimes),
             )
         self.workspace_access.require(actor_id, request["workspaceId"])
-        owner = await self.coordinator.session_owner(actor_id, request["sessionId"])
-        if owner is not None and owner != self.coordinator.instance_id:
-            return await self._create_at(owner, actor_id, body)
+        if self.coordinator.clustered:  # the session may belong to another instance
+            owner = await self.coordinator.session_owner(actor_id, request["sessionId"])
+            if owner is not None and owner != self.coordinator.instance_id:
+                return await self._create_at(owner, actor_id, body)
         key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
         request_hash = canonical_hash(request)
         async with self._creating.hold(key):
@@ -592,7 +593,7 @@ class RunManager:
     async def _repair_locked(self, run: Run) -> None:
         if run.host_run_id in self._active:
             return
-        if run.status in ACTIVE_STATUSES and await self.coordinator.owner_elsewhere(run) is not None:
+        if self.coordinator.clustered and run.status in ACTIVE_STATUSES and await self.coordinator.owner_elsewhere(run):
             return  # another live instance executes it
         last = await self.journal.last_event(run.host_run_id)
         if last is not None and last.is_terminal:

@@ -365,3 +365,39 @@ async def test_a_redis_restart_mid_stream_loses_nothing(tmp_path: Path, fake_llm
         if redis_proc.returncode is None:
             redis_proc.kill()
             await redis_proc.wait()
+
+
+async def test_postgresql_connections_killed_mid_stream_lose_nothing(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
+    import psycopg2
+
+    fake_llm.default = Reply("tok " * 300, chunk_size=4, delay=0.02)
+    extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url}
+    with fresh_database() as url:
+        async with instances(tmp_path, url, 2, extra=extra) as gateways, aiohttp.ClientSession() as http:
+            owner, other = gateways
+            status, receipt = await post_json(http, f"{owner.url}/v1/runs", run_body("through-kills"))
+            assert status == 201, receipt
+            run_id = receipt["hostRunId"]
+            client = asyncio.create_task(follow(http, [other.url], run_id))
+            admin = psycopg2.connect(POSTGRES_URL, connect_timeout=5)
+            admin.autocommit = True
+            try:
+                for threshold in (10, 60, 120):
+                    await wait_for_health(http, other.url, lambda body, t=threshold: body["cluster"]["relayedIn"] >= t)
+                    with admin.cursor() as cursor:
+                        cursor.execute(
+                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE datname = %s AND pid <> pg_backend_pid()",
+                            (url.rsplit("/", 1)[1],),
+                        )
+                        (killed,) = cursor.fetchone()
+                    assert killed > 0
+            finally:
+                admin.close()
+            seen, resumes = await client
+            journal = await journal_of(http, other.url, run_id)
+            assert_run_invariants(journal, seen)
+            assert journal[-1]["kind"] == "run.completed" and resumes == 0
+            for gw in gateways:
+                status, health = await get_json(http, f"{gw.url}/v1/health")
+                assert status == 200 and health["cluster"]["lease"] == "held", health
