@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import socket
 import threading
@@ -401,3 +402,21 @@ async def test_postgresql_connections_killed_mid_stream_lose_nothing(tmp_path: P
             for gw in gateways:
                 status, health = await get_json(http, f"{gw.url}/v1/health")
                 assert status == 200 and health["cluster"]["lease"] == "held", health
+
+
+DEPLOYMENT_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "deployment.md"
+
+
+async def test_the_deployment_guide_configuration_passes_config_check(tmp_path: Path) -> None:
+    from tests.test_cli import clean_env, run_cli
+
+    guide = DEPLOYMENT_GUIDE.read_text(encoding="utf-8")
+    [block] = re.findall(r"```toml\n(.*?)```", guide, re.S)
+    config = tmp_path / "gateway.toml"
+    config.write_text(block.replace("postgresql://gateway@127.0.0.1:5432/gateway", POSTGRES_URL))
+    env = clean_env(tmp_path, AGENT_GATEWAY__CLUSTER__INSTANCE_ID="gw1", AGENT_GATEWAY__GATEWAY__PORT="8701")
+    code, out, _ = await run_cli("config", "check", "--config", str(config), env=env, cwd=tmp_path)
+    assert code == 0, out
+    # What the guide says each instance sets is what the tests set.
+    for variable in ("AGENT_GATEWAY__CLUSTER__INSTANCE_ID", "AGENT_GATEWAY__GATEWAY__DATA_DIR"):
+        assert variable in guide
