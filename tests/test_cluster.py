@@ -119,6 +119,10 @@ async def test_any_instance_streams_any_run_and_resumes_anywhere(tmp_path: Path,
                 assert health["cluster"]["redis"] == "up" and health["cluster"]["lease"] == "held"
             relayed = [(await get_json(http, f"{gw.url}/v1/health"))[1]["cluster"]["relayedIn"] for gw in gateways]
             assert relayed[1] > 0 and relayed[2] > 0  # the other instances got the live tail over Redis
+            async with http.get(f"{gateways[1].url}/metrics") as response:
+                metrics = await response.text()
+            assert 'agent_gateway_cluster_ready{instance="gw1"} 1' in metrics
+            assert f'agent_gateway_cluster_relayed_in{{instance="gw1"}} {relayed[1]}' in metrics
 
 
 async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances(

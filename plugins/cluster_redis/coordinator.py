@@ -48,6 +48,8 @@ SCHEMA_LOCK_KEY = 0x61675F636C757374  # "ag_clust": serialises creating the clus
 # Committed batches waiting for Redis; beyond this, the oldest are dropped and every stream resyncs.
 PUBLISH_BACKLOG = 10_000
 RECONNECT_MAX_SECONDS = 2.0
+# At shutdown, how long the journal's last commits and their publication may take.
+STOP_FLUSH_SECONDS = 5.0
 
 
 def _is_terminal_status(status: str) -> bool:
@@ -278,6 +280,14 @@ class RedisCoordinator(Coordinator):
 
     async def stop(self) -> None:
         self._stopping = True
+        # The runs' last events (their terminal ones) are committed and published before the
+        # relay stops, so streams on other instances end too.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(STOP_FLUSH_SECONDS):
+                await self._gateway.journal.flush()
+                while self._outbox:
+                    self._outbox_ready.set()
+                    await asyncio.sleep(0.01)  # the publisher empties the outbox; bounded by the timeout
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -440,7 +450,9 @@ class RedisCoordinator(Coordinator):
         for event in events:
             by_run.setdefault(event.host_run_id, []).append(event)
         for host_run_id, run_events in by_run.items():
-            self._gateway.bus.publish_many(host_run_id, run_events)
+            # Not straight into the bus: the dead instance may have committed events it never
+            # published, so this instance's streams re-read the run (the terminal event included).
+            self._resync(host_run_id)
             self.committed(run_events)
 
     def _resync(self, topic: str | None = None) -> None:
@@ -547,8 +559,15 @@ class RedisCoordinator(Coordinator):
             return
         events = [Event.from_wire(item) for item in json.loads(body)]
         last = self._relayed_seq.get(topic)
-        if last is not None and events[0].seq > last + 1:
-            self._resync(topic)  # a batch went missing: re-read this run from PostgreSQL
+        if last is None or events[0].seq > last + 1:
+            # The first batch since this run has streams here (what came before it is unknown),
+            # or a batch went missing: the streams re-read the run from PostgreSQL, which holds
+            # this batch already (it is published once committed). Later batches are checked.
+            if events[-1].is_terminal:
+                self._relayed_seq.pop(topic, None)
+            else:
+                self._relayed_seq[topic] = events[-1].seq
+            bus.resync(lambda t: t == topic)
             return
         self.relayed_in += len(events)
         if events[-1].is_terminal:
