@@ -166,3 +166,51 @@ def assert_run_invariants(journal: list[dict[str, Any]], seen: list[dict[str, An
     assert [e["kind"] in TERMINAL_KINDS for e in journal].count(True) == 1, [e["kind"] for e in journal[-3:]]
     assert journal[-1]["kind"] in TERMINAL_KINDS
     assert seen == journal, (len(seen), len(journal))
+
+
+class Partition:
+    """A TCP proxy in front of a server that can cut the network like a partition does: while cut,
+    connections stay open (and new ones are accepted) but no byte gets through in either
+    direction; healing drops every connection made before (their TCP state would have timed out)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.cut = False
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer), return_exceptions=True)
+        for w in (writer, up_writer):
+            self._writers.discard(w)
+            w.close()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            if not self.cut:
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def heal(self) -> None:
+        for writer in list(self._writers):
+            writer.close()
+        self._writers.clear()
+        self.cut = False
+
+    async def stop(self) -> None:
+        self.heal()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -19,16 +19,19 @@ from conftest import run_body as conftest_run_body
 from agent_gateway import Coordinator, Event, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._cluster import (
+    REDIS_URL,
+    Partition,
     assert_run_invariants,
     follow,
     fresh_database,
     get_json,
+    instance_env,
     instances,
     post_json,
     sse,
     wait_for_health,
 )
-from tests.test_cli import clean_env, run_cli
+from tests.test_cli import clean_env, run_cli, serve
 
 
 async def test_three_gateways_started_at_once_on_an_empty_database_all_come_up(tmp_path: Path) -> None:
@@ -424,3 +427,52 @@ async def test_the_deployment_guide_configuration_passes_config_check(tmp_path: 
     # What the guide says each instance sets is what the tests set.
     for variable in ("AGENT_GATEWAY__CLUSTER__INSTANCE_ID", "AGENT_GATEWAY__GATEWAY__DATA_DIR"):
         assert variable in guide
+
+
+async def test_an_instance_cut_off_from_postgresql_and_redis_stops_writing(
+    tmp_path: Path, fake_llm: FakeOpenAI
+) -> None:
+    # The partitioned instance reaches PostgreSQL and Redis only through proxies the test cuts:
+    # its connections hang (no reset), as across a real partition.
+    fake_llm.default = Reply("tok " * 500, chunk_size=4, delay=0.02)
+    postgres, redis = Partition(5432), Partition(6379)
+    await postgres.start()
+    await redis.start()
+    extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url, **FAST_LEASE}
+    try:
+        with fresh_database() as url:
+            name = url.rsplit("/", 1)[1]
+            proxied = instance_env(
+                tmp_path, "gw0", f"postgresql://postgres@127.0.0.1:{postgres.port}/{name}",
+                redis_url=f"redis://127.0.0.1:{redis.port}/0", key_prefix="agtest:part:" + name + ":", extra=extra,
+            )  # fmt: skip
+            direct = instance_env(
+                tmp_path, "gw1", url, redis_url=REDIS_URL, key_prefix="agtest:part:" + name + ":", extra=extra
+            )
+            async with (
+                serve("--port", "0", env=proxied, cwd=tmp_path) as cut_off,
+                serve("--port", "0", env=direct, cwd=tmp_path) as other,
+                aiohttp.ClientSession() as http,
+            ):
+                status, receipt = await post_json(http, f"{cut_off.url}/v1/runs", run_body("partitioned"))
+                assert status == 201, receipt
+                run_id = receipt["hostRunId"]
+                client = asyncio.create_task(follow(http, [other.url], run_id))
+                await wait_for_health(http, other.url, lambda body: body["cluster"]["relayedIn"] >= 10)
+                postgres.cut = redis.cut = True
+                seen, _ = await client  # the other instance takes the run over
+                # Cut off for longer than its lease, the instance stops its runs on its own.
+                await wait_for_health(http, cut_off.url, lambda body: body["cluster"]["lease"] == "lost")
+                postgres.heal()
+                redis.heal()
+                await wait_for_health(
+                    http,
+                    cut_off.url,
+                    lambda body: body["cluster"]["rejoins"] >= 1 and body["cluster"]["lease"] == "held",
+                )
+                journal = await journal_of(http, other.url, run_id)
+                assert_run_invariants(journal, seen)
+                assert journal[-1]["kind"] == "run.interrupted" and journal[-1]["payload"]["takenOverBy"] == "gw1"
+    finally:
+        await postgres.stop()
+        await redis.stop()

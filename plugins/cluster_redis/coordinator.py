@@ -609,16 +609,20 @@ class RedisCoordinator(Coordinator):
                 if self.lease_lost:
                     await self._rejoin_when_idle()
                 else:
-                    held = await self._db(self._renew)
+                    # Bounded: a partitioned database may never answer, and after a whole lease
+                    # without a renewal this instance must stop on its own.
+                    async with asyncio.timeout(self.heartbeat * 2):
+                        held = await self._db(self._renew)
                     if held:
                         self.renewed_at = time.monotonic()
                     else:
                         self._lose_lease("its lease expired or was taken over")
-                self._deliver(await self._db(self._sweep))
+                async with asyncio.timeout(self.lease):
+                    self._deliver(await self._db(self._sweep))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("cluster: lease upkeep failed: %s", exc)
+                log.warning("cluster: lease upkeep failed: %s", str(exc) or type(exc).__name__)
                 if not self.lease_lost and time.monotonic() - self.renewed_at > self.lease:
                     self._lose_lease("it could not renew its lease for a whole lease period")
 
