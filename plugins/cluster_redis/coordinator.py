@@ -258,7 +258,19 @@ class RedisCoordinator(Coordinator):
         return FencedStorage(storage, self)
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._gateway.executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._gateway.executor, self._reconnecting, fn, args)
+
+    def _reconnecting(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """`fn(*args)` on this thread's connection; once more on a fresh one if the server had
+        dropped it (a restart, a failover, pg_terminate_backend). Every call here is idempotent."""
+        database = self._inner.database
+        try:
+            return fn(*args)
+        except Exception:
+            if database.in_transaction() or not getattr(database._state.conn, "closed", False):
+                raise
+            database.discard_connection()
+            return fn(*args)
 
     async def start(self, gateway: Any) -> None:
         import redis.asyncio as aioredis
