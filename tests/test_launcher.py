@@ -21,7 +21,18 @@ from test_cli import clean_env, run_cli, serve
 
 from agent_gateway.plugin_host import LOAD_ENV, PluginError, PluginHost
 
-BUILTINS = {"core", "journal_peewee", "chat_only", "reasonix", "hermes", "workspace", "pi_lab", "lightrag", "ag_ui"}
+BUILTINS = {
+    "core",
+    "journal_peewee",
+    "chat_only",
+    "reasonix",
+    "hermes",
+    "workspace",
+    "pi_lab",
+    "lightrag",
+    "ag_ui",
+    "cluster_redis",
+}
 
 ECHO_PLUGIN = """
 from agent_gateway import hookimpl

@@ -23,7 +23,18 @@ from tests.test_cli import clean_env, run_cli, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 MAPPED = {"gateway": "agent_gateway", "hookspecs": "agent_gateway/hookspecs", "plugins": "agent_gateway/plugins"}
-BUILT_INS = {"core", "journal_peewee", "chat_only", "reasonix", "hermes", "workspace", "pi_lab", "lightrag", "ag_ui"}
+BUILT_INS = {
+    "core",
+    "journal_peewee",
+    "chat_only",
+    "reasonix",
+    "hermes",
+    "workspace",
+    "pi_lab",
+    "lightrag",
+    "ag_ui",
+    "cluster_redis",
+}
 
 
 @pytest.fixture(scope="module")
