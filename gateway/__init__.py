@@ -67,6 +67,9 @@ _EXPORTS: dict[str, str] = {
     "RequestConflict": "agent_gateway.storage",
     "StorageUnavailable": "agent_gateway.storage",
     "read_json": "agent_gateway.errors",
+    # several instances on one database (the cluster_coordinator hook)
+    "Coordinator": "agent_gateway.cluster",
+    "NotOwner": "agent_gateway.cluster",
 }
 
 # public names that differ from the internal one
@@ -118,11 +121,14 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "RequestConflict",
     "StorageUnavailable",
     "read_json",
+    "Coordinator",
+    "NotOwner",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
     from agent_gateway.acp.runtime import SECTION_DEFAULTS as ACP_SECTION_DEFAULTS
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
+    from agent_gateway.cluster import Coordinator, NotOwner
     from agent_gateway.config import Config
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, read_json

@@ -15,6 +15,7 @@ from aiohttp import web
 from agent_gateway.auth import actor_for_token
 from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
+from agent_gateway.cluster import Coordinator
 from agent_gateway.config import Config, redact_url, section_specs_from_hook
 from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_errors
 from agent_gateway.files import FS_TOOLS, AgentFiles
@@ -77,14 +78,20 @@ class Gateway:
                 f"no storage plugin handles {redact_url(config.storage_url)!r} ([storage] url; the built-in "
                 "journal handles sqlite:// and postgresql://)"
             )
+        # One instance unless a plugin says this is one of several (the cluster family).
+        self.coordinator: Coordinator = plugins.cluster_coordinator(config) or Coordinator()
+        storage = self.coordinator.wrap_storage(storage)
         self.storage = storage
         self.bus = Bus()
+        durable = self.coordinator.durable_delivery
         self.journal = Journal(
             storage,
             self.bus,
-            self.data_dir / "spool",
+            # Delivered only once committed, an event needs no spool to outlive a crash.
+            None if durable else self.data_dir / "spool",
             batch_max=int(gw["journal_batch_events"]),
             read_executor=self.executor,
+            durable_delivery=durable,
         )
         storage_section = config.section("storage")
         # Compaction and retention ([storage]): a background task, never on a request's path.
@@ -96,6 +103,7 @@ class Gateway:
             retain_days=float(storage_section["retain_days"]),
             interval_seconds=float(storage_section["maintenance_interval_seconds"]),
         )
+        self.journal.on_commit.append(self.coordinator.committed)
         self.runtimes: dict[str, Runtime] = {}
         for runtime in plugins.runtimes(config):
             if runtime.agent_id in self.runtimes:
@@ -152,6 +160,7 @@ class Gateway:
             max_queued_per_session=int(gw["max_queued_runs_per_session"]),
             max_active_per_actor=int(gw["max_active_runs_per_actor"]),
             workspace_access=self.workspace_access,
+            coordinator=self.coordinator,
         )
         self.watcher = Watcher(self)
 
@@ -190,6 +199,7 @@ class Gateway:
                 + " ".join(str(exc).split())
             ) from exc
         await self.journal.start()
+        await self.coordinator.start(self)
         interrupted = await self.runs.recover()
         await self.watcher.start()
         await self.maintenance.start()
@@ -223,6 +233,7 @@ class Gateway:
         await self.drain()
         await self.watcher.stop()
         await self.runs.shutdown()
+        await self.coordinator.stop()
         for runtime in self.runtimes.values():
             try:
                 await runtime.close()

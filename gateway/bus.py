@@ -121,6 +121,23 @@ class Bus:
                 for event in events:
                     sub.offer(event)
 
+    def resync(self, topics: Callable[[str], bool]) -> int:
+        """Send every subscriber of a topic for which ``topics(topic)`` is true back to replay from
+        the journal (their live feed may have lost events, e.g. a relay reconnected); returns how
+        many subscribers that was."""
+        count = 0
+        for topic, subs in self._subscribers.items():
+            if topics(topic):
+                for sub in subs:
+                    sub.buffer.clear()
+                    sub.needs_replay = True
+                    sub.wakeup.set()
+                    count += 1
+        return count
+
+    def topics(self) -> list[str]:
+        return list(self._subscribers)
+
     def subscriber_count(self, topic: str) -> int:
         return len(self._subscribers.get(topic, ()))
 

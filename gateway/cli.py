@@ -331,6 +331,52 @@ def _print_event(event: dict[str, Any], out: Callable[[str], Any], raw: bool) ->
 
 
 # -- plugins and config ------------------------------------------------------------------------------
+@cli.group("cluster")
+def cluster_group() -> None:
+    """Several instances on one database ([cluster])."""
+
+
+@cluster_group.command("status")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def cluster_status(config_path: str | None, as_json: bool) -> None:
+    """List the instances of the cluster, their leases, sessions and unfinished runs (read from
+    the shared database; works with every instance stopped too)."""
+    config, plugins = _load(config_path)
+    try:
+        coordinator = plugins.cluster_coordinator(config)
+        if coordinator is None:
+            raise click.ClickException("not a cluster: [cluster] redis_url is not set")
+        storage = plugins.storage_backend(config.storage_url, config)
+        if storage is None:
+            raise click.ClickException(f"no storage plugin handles {redact_url(config.storage_url)!r}")
+        storage = coordinator.wrap_storage(storage)
+        storage.open()
+        try:
+            status = coordinator.status()
+        finally:
+            storage.close()
+    except (PluginError, OSError) as exc:
+        raise click.ClickException(" ".join(str(exc).split())) from exc
+    except click.ClickException:
+        raise
+    except Exception as exc:  # e.g. the database is unreachable: one line, not a traceback
+        raise click.ClickException(f"{type(exc).__name__}: {' '.join(str(exc).split())}") from exc
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    for instance in status.get("instances", []):
+        state = "alive" if instance["alive"] else "EXPIRED"
+        click.echo(
+            f"{instance['instanceId']:24} {state:8} lease {instance['leaseRemainingSeconds']:6.1f} s  "
+            f"sessions {instance['sessions']:4}  runs {len(instance['runs']):4}  {instance.get('url') or ''}"
+        )
+        for run in instance["runs"]:
+            click.echo(f"{'':26}{run['hostRunId']}  {run['status']}  session {run['sessionId']}")
+    if not status.get("instances"):
+        click.echo("no instances")
+
+
 @cli.command("plugins")
 @click.option("--json", "as_json", is_flag=True)
 def plugins_command(as_json: bool) -> None:
@@ -358,7 +404,7 @@ def config_group() -> None:
 def config_check(config_path: str | None) -> None:
     """Report every problem as `file: key: what is wrong`; exit 1 if there is any."""
     config, plugins = _load(config_path)
-    problems = config.problems() + _storage_problems(config, plugins)
+    problems = config.problems() + _storage_problems(config, plugins) + _cluster_problems(config, plugins)
     for problem in problems:
         click.echo(problem)
     if problems:
@@ -375,6 +421,17 @@ def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
         return [f"{where}: {' '.join(str(exc).split())}"]
     if storage is None:
         return [f"{where}: no storage plugin handles {redact_url(config.storage_url)!r}"]
+    return []
+
+
+def _cluster_problems(config: Config, plugins: PluginHost) -> list[str]:
+    """Whether a cluster plugin can serve this configuration (PostgreSQL storage, Redis client)."""
+    if config.problems():
+        return []  # a bad [cluster] value is reported already
+    try:
+        plugins.cluster_coordinator(config)
+    except Exception as exc:  # the plugin's own one-line reason
+        return [f"{config.path or '<defaults>'}: cluster: {' '.join(str(exc).split())}"]
     return []
 
 

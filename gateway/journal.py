@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_gateway.bus import Bus
+from agent_gateway.cluster import NotOwner
 from agent_gateway.models import TERMINAL_KINDS, Event, sse_frames
 from agent_gateway.storage import Storage
 
@@ -73,6 +74,7 @@ class Journal:
         batch_max: int = 5000,
         max_pending: int = 200_000,
         read_executor: ThreadPoolExecutor | None = None,
+        durable_delivery: bool = False,
     ) -> None:
         self.storage = storage
         self.bus = bus
@@ -107,6 +109,11 @@ class Journal:
         self.commit_errors = 0
         self.batches = 0
         self.on_append: list[Callable[[Event], None]] = []
+        # Cluster mode: events go to the bus only once committed (never one a crash can take
+        # back), and `on_commit` hooks get each committed per-run batch (to relay it).
+        self.durable_delivery = durable_delivery
+        self.on_commit: list[Callable[[list[Event]], None]] = []
+        self.fenced = 0  # events dropped because this instance lost its lease
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -239,7 +246,8 @@ class Journal:
                 pending[host_run_id] = deque((events,))
             else:
                 run_pending.append(events)
-            publish(host_run_id, events, blob)
+            if not self.durable_delivery:
+                publish(host_run_id, events, blob)
             for hook in hooks:
                 for event in events:
                     hook(event)
@@ -269,7 +277,8 @@ class Journal:
         """Events after `after_seq`, committed or not. The uncommitted tail is captured before the
         first await, so together with a bus subscription taken in the same step nothing is missed."""
         self.publish()
-        snapshot = [e for batch in self._pending_by_run.get(host_run_id, ()) for e in batch if e.seq > after_seq]
+        pending = () if self.durable_delivery else self._pending_by_run.get(host_run_id, ())
+        snapshot = [e for batch in pending for e in batch if e.seq > after_seq]
         stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
         if limit is not None and len(stored) >= limit:
             return stored
@@ -309,8 +318,15 @@ class Journal:
                 if count >= self.batch_max:
                     break
             batch = list(chain.from_iterable(taken))
+            delivered = True
             try:
                 await self._in_writer(self.storage.append_events, batch)
+            except NotOwner:
+                # This instance lost its lease: the runs' new owner ends them; these events are
+                # never stored, and (delivered only once stored) no client saw them.
+                log.warning("dropped %d events: this instance no longer holds their sessions' lease", count)
+                self.fenced += count
+                delivered = False
             except Exception as exc:
                 self.commit_errors += 1
                 failures += 1
@@ -335,6 +351,10 @@ class Journal:
                 run_pending.popleft()
                 if not run_pending:
                     del pending[host_run_id]
+                if self.durable_delivery and delivered:
+                    self.bus.publish_many(host_run_id, events)
+                    for hook in self.on_commit:
+                        hook(events)
             self._queued -= count
             self._committed += count
             if self._queued < self.max_pending:

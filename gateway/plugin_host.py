@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import click
     from aiohttp import web
 
+    from agent_gateway.cluster import Coordinator
     from agent_gateway.config import Config
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy
@@ -171,6 +172,10 @@ class PluginHost:
     def storage_backend(self, url: str, config: Config | None) -> Storage | None:
         storage: Storage | None = self.pm.hook.storage_backend(url=url, config=config)
         return storage
+
+    def cluster_coordinator(self, config: Config) -> Coordinator | None:
+        coordinator: Coordinator | None = self.pm.hook.cluster_coordinator(config=config)
+        return coordinator
 
     def projections(self) -> dict[str, Projection]:
         found: dict[str, Projection] = {}

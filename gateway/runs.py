@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_gateway.cluster import Coordinator
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
 from agent_gateway.locks import KeyedLocks
@@ -147,8 +148,11 @@ class RunManager:
         max_queued_per_session: int = 16,
         max_active_per_actor: int = 64,
         workspace_access: WorkspaceAccess | None = None,
+        coordinator: Coordinator | None = None,
     ) -> None:
         self.storage = storage
+        # Who else runs sessions (a cluster); a single instance owns them all.
+        self.coordinator = coordinator or Coordinator()
         self.journal = journal
         self.runtimes = runtimes
         self.strategies = strategies
@@ -189,6 +193,10 @@ class RunManager:
                 knownAgents=sorted(self.runtimes),
             )
         self.workspace_access.require(actor_id, request["workspaceId"])
+        if self.coordinator.clustered:  # the session may belong to another instance
+            owner = await self.coordinator.session_owner(actor_id, request["sessionId"])
+            if owner is not None and owner != self.coordinator.instance_id:
+                return await self._create_at(owner, actor_id, body)
         key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
         request_hash = canonical_hash(request)
         async with self._creating.hold(key):
@@ -213,6 +221,14 @@ class RunManager:
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
+
+    async def _create_at(self, instance_id: str, actor_id: str, body: Any) -> tuple[Run, bool]:
+        """Have the session's owner (another instance) create the run."""
+        answer = await self.coordinator.forward(instance_id, "create", {"actorId": actor_id, "body": body})
+        run = await self._db(self.storage.get_run, answer["hostRunId"])
+        if run is None:
+            raise ApiError(503, "owner_unavailable", "the session's gateway instance did not store the run; retry")
+        return run, bool(answer["created"])
 
     def _admit(self, actor_id: str, session_id: str) -> tuple[str, str]:
         """Count the new run against the limits, or raise :class:`AdmissionRefused`. Checks and
@@ -442,6 +458,11 @@ class RunManager:
             run = await self.get(host_run_id, actor_id)
             if run is None:
                 raise ApiError(404, "run_not_found", "no such run")
+            owner = None if run.is_terminal else await self.coordinator.owner_elsewhere(run)
+            if owner is not None:
+                args = {"hostRunId": host_run_id, "actorId": actor_id, "requestId": request_id, "optionId": option_id}
+                await self.coordinator.forward(owner, "permission", args)
+                return await self.get(host_run_id, actor_id) or run
             raise ApiError(409, "permission_closed", "the run has no open permission requests")
         pending = active.permissions.get(request_id)
         if pending is None:
@@ -572,6 +593,8 @@ class RunManager:
     async def _repair_locked(self, run: Run) -> None:
         if run.host_run_id in self._active:
             return
+        if self.coordinator.clustered and run.status in ACTIVE_STATUSES and await self.coordinator.owner_elsewhere(run):
+            return  # another live instance executes it
         last = await self.journal.last_event(run.host_run_id)
         if last is not None and last.is_terminal:
             status = STATUS_BY_TERMINAL_KIND[last.kind]
@@ -614,6 +637,10 @@ class RunManager:
             for a in self._active.values()
             if a.run.actor_id == actor_id and a.run.session_id == session_id and not a.run.is_terminal
         ]
+        if not candidates and self.coordinator.clustered:  # it may run on another instance
+            candidates = await self._db(
+                self.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
+            )
         if not candidates:
             return None
         running = [r for r in candidates if r.status != "queued"]
@@ -631,7 +658,12 @@ class RunManager:
     async def cancel(self, host_run_id: str, actor_id: str) -> Run | None:
         active = self._active.get(host_run_id)
         if active is None:
-            return await self.get(host_run_id, actor_id)
+            run = await self.get(host_run_id, actor_id)
+            owner = None if run is None or run.is_terminal else await self.coordinator.owner_elsewhere(run)
+            if owner is not None:
+                await self.coordinator.forward(owner, "cancel", {"hostRunId": host_run_id, "actorId": actor_id})
+                return await self.get(host_run_id, actor_id)
+            return run
         if active.run.actor_id != actor_id:
             return None
         if not active.cancel_requested:
@@ -657,6 +689,15 @@ class RunManager:
                 "run %s ignored cancel for %.0f s; stopping its task", active.run.host_run_id, self.cancel_grace
             )
             active.task.cancel()
+
+    def abandon(self) -> int:
+        """Stop every active run without waiting (this instance lost its cluster lease: what the
+        runs still write is refused, and their new owner ends them); returns how many."""
+        active = [a for a in self._active.values() if a.task is not None and not a.task.done()]
+        for run in active:
+            assert run.task is not None
+            run.task.cancel()
+        return len(active)
 
     async def drain(self, grace: float) -> None:
         """Give active runs up to `grace` seconds to end, then interrupt the rest (`shutdown`)."""

@@ -23,6 +23,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from conftest import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
+from test_cluster import (  # aliased: pytest runs it in test_cluster.py only
+    test_cluster_coordinator_hook_a_plugin_coordinator_sees_every_committed_event as cluster_coordinator_hook_test,
+)
 
 import agent_gateway.builtin
 import agent_gateway.cli
@@ -670,6 +673,7 @@ HOOKS_TESTED = {
     "gateway_startup": test_gateway_startup_and_shutdown_are_awaited,
     "gateway_shutdown": test_gateway_startup_and_shutdown_are_awaited,
     "register_routes": test_register_routes_serves_a_plugin_route_behind_actor_auth,
+    "cluster_coordinator": cluster_coordinator_hook_test,
     "register_setting_fields": test_register_setting_fields_appear_in_descriptors_and_validate_preferences,
 }
 

@@ -32,6 +32,7 @@ BUILTINS = {
     "lightrag",
     "ag_ui",
     "openai_compat",
+    "cluster_redis",
 }
 
 ECHO_PLUGIN = """

@@ -34,6 +34,7 @@ BUILT_INS = {
     "lightrag",
     "ag_ui",
     "openai_compat",
+    "cluster_redis",
 }
 
 

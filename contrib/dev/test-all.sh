@@ -21,6 +21,18 @@ fi
 psql -h 127.0.0.1 -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
   || psql -h 127.0.0.1 -U postgres -c "CREATE DATABASE test" >/dev/null
 
+# 1b. Redis on 127.0.0.1:6379 (the cluster tests; each uses its own key prefix). The Redis-restart
+#     test starts its own redis-server on a free port, so the binary must be there too.
+if ! command -v redis-server >/dev/null; then
+  echo "== installing redis-server"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+fi
+if ! redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
+  echo "== starting Redis"
+  redis-server --bind 127.0.0.1 --port 6379 --daemonize yes --save "" --appendonly no >/dev/null
+  for _ in $(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG && break; sleep 1; done
+fi
+
 # 2. Chromium for the console's browser tests (Playwright drives the system browser: its own
 #    browser download needs the internet).
 if [ ! -x /usr/bin/chromium ]; then

@@ -80,6 +80,16 @@ def render(gateway: Gateway) -> str:
         if hasattr(runtime, "live_bindings")
     ]
     metric("agent_gateway_live_bindings", "gauge", "Live agent sessions kept between turns.", bindings)
+    cluster = gateway.coordinator.health()
+    if cluster is not None:  # one instance of several: its figures, labelled with its id
+        label = f'{{instance="{cluster.get("instanceId", "")}"}}'
+        metric("agent_gateway_cluster_ready", "gauge", "1 while this instance holds its lease.", [
+            (label, 1.0 if cluster.get("ready", True) else 0.0)
+        ])  # fmt: skip
+        for key, value in sorted(cluster.items()):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                name = "agent_gateway_cluster_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+                metric(name, "gauge", f"The cluster coordinator's {key} (/v1/health cluster.{key}).", [(label, value)])
     return "\n".join(lines) + "\n"
 
 

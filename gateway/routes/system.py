@@ -107,16 +107,19 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
         if probe != "ready":
             raise ApiError(400, "invalid_request", "probe must be 'ready' or 'live'")
         up = await storage_up()
-        return web.json_response(
-            {
-                "status": "ok" if up else "degraded",
-                "storage": "up" if up else "down",
-                "agents": sorted(gateway.runtimes),
-                "activeRuns": len(gateway.runs.active_runs()),
-                "journalPending": gateway.journal.pending,
-            },
-            status=200 if up else 503,
-        )
+        body: dict[str, Any] = {
+            "status": "ok" if up else "degraded",
+            "storage": "up" if up else "down",
+            "agents": sorted(gateway.runtimes),
+            "activeRuns": len(gateway.runs.active_runs()),
+            "journalPending": gateway.journal.pending,
+        }
+        cluster = gateway.coordinator.health()
+        if cluster is not None:  # one instance of several: its id, lease, relay and sessions
+            body["cluster"] = cluster
+            if not cluster.get("ready", True):
+                up, body["status"] = False, "degraded"
+        return web.json_response(body, status=200 if up else 503)
 
     async def openapi(request: web.Request) -> web.Response:
         if "body" not in served:  # built once: routes and registries are fixed once the app runs

@@ -57,6 +57,8 @@ DEFAULT_TABLE_PREFIX = "ag_"
 DEFAULT_BUSY_TIMEOUT_MS = 15_000
 # Seconds a PostgreSQL connect may take (unless the URL sets connect_timeout).
 DEFAULT_CONNECT_TIMEOUT_S = 5
+# The PostgreSQL advisory lock key that serialises schema creation (any fixed 64-bit number).
+SCHEMA_LOCK_KEY = 0x61675F736368656D  # "ag_schem"
 # Rows per statement for the PostgreSQL multi-row VALUES insert.
 PG_PAGE_SIZE = 1_000
 # Rows per SQLite INSERT: 6 values each, 3,072 parameters (SQLite allows 32,766).
@@ -405,6 +407,11 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             self.database.connect(reuse_if_open=True)
             with self.database.atomic():
+                if not self.is_sqlite:
+                    # Gateways starting at once on an empty database would race to create the
+                    # same types and tables (UniqueViolation on pg_type): one at a time, per
+                    # database, until this transaction ends.
+                    self.database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
                 if self.schema:
                     self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
                 self.database.create_tables(self.models.all(), safe=True)
