@@ -17,7 +17,7 @@ from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
 from agent_gateway.config import Config, redact_url, section_specs_from_hook
-from agent_gateway.errors import ApiError, error_response, json_errors
+from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_errors
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
 from agent_gateway.mcp import MCP_PATH
@@ -303,6 +303,7 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
     plugin_routes = gateway.plugin_routes = PluginRoutes(gateway, app.router)
+    app[ERROR_SHAPES] = plugin_routes.error_shapes
     runs.setup(app, gateway)
     agents.setup(app, gateway)
     system.setup(app, gateway, plugin_routes.openapi_paths)

@@ -3,7 +3,8 @@
 A subscriber's buffer holds at most `capacity` events. When it is full, a `message.delta` or
 `thought.delta` is merged into the buffered delta before it (same text in the end); any other
 event moves the subscriber to *replay*: its buffer is dropped and its writer re-reads from the
-journal after the last seq it delivered. A terminal event is always buffered (at most one per run).
+journal after the last seq it delivered (a subscriber made with `merge_deltas=False` always
+replays, never merges). A terminal event is always buffered (at most one per run).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ def merge(last: Event, event: Event) -> Event:
 
 
 class Subscriber:
-    def __init__(self, topic: str, capacity: int) -> None:
+    def __init__(self, topic: str, capacity: int, merge_deltas: bool = True) -> None:
         self.topic = topic
         self.capacity = capacity
+        # False: a full buffer always moves to replay (a client that numbers every event densely)
+        self.merge_deltas = merge_deltas
         self.buffer: deque[Event] = deque()
         self.wakeup = asyncio.Event()
         self.needs_replay = False
@@ -51,7 +54,7 @@ class Subscriber:
         buffer = self.buffer
         if len(buffer) < self.capacity or event.is_terminal:
             buffer.append(event)
-        elif buffer and _can_merge(buffer[-1], event):
+        elif self.merge_deltas and buffer and _can_merge(buffer[-1], event):
             buffer[-1] = merge(buffer[-1], event)
             self.merges += 1
         else:
@@ -77,8 +80,8 @@ class Bus:
         # event, last event, count, bytes): clients in step write the same events, encoded once.
         self.shared_frames: dict[str, tuple[Event, Event, int, bytes]] = {}
 
-    def subscribe(self, topic: str, capacity: int) -> Subscriber:
-        sub = Subscriber(topic, capacity)
+    def subscribe(self, topic: str, capacity: int, merge_deltas: bool = True) -> Subscriber:
+        sub = Subscriber(topic, capacity, merge_deltas)
         self._subscribers.setdefault(topic, set()).add(sub)
         return sub
 

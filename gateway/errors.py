@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -43,14 +44,38 @@ _HTTP_CODES = {
 }
 
 
+# A plugin route's own error body: (status, code, message, extra) -> the JSON object sent.
+ErrorShape = Callable[[int, str, str, dict[str, Any]], dict[str, Any]]
+# Per route path (the aiohttp resource's canonical path), the shape its errors take; set by
+# PluginRoutes.add(error_shape=...) so a protocol's clients get that protocol's error bodies,
+# also for refusals that happen before the handler (authentication, body size, browser guard).
+ERROR_SHAPES = web.AppKey("error_shapes", dict[str, ErrorShape])
+
+
+def _shaped_error(request: web.Request, status: int, code: str, message: str, **extra: Any) -> web.Response:
+    shapes = request.config_dict.get(ERROR_SHAPES)
+    resource = request.match_info.route.resource if shapes else None
+    shape = shapes.get(resource.canonical) if shapes and resource is not None else None
+    if shape is None:
+        return error_response(status, code, message, **extra)
+    return web.Response(
+        status=status, body=orjson.dumps(shape(status, code, message, extra)), content_type="application/json"
+    )
+
+
 @web.middleware
 async def json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
+    error_response = functools.partial(_shaped_error, request)
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.code, str(exc), **exc.extra)
+        response = error_response(exc.status, exc.code, str(exc), **exc.extra)
+        retry_after = getattr(exc, "retry_after", None)  # run admission's 429 (AdmissionRefused)
+        if isinstance(retry_after, int):
+            response.headers["Retry-After"] = str(retry_after)
+        return response
     except StorageUnavailable as exc:  # the database is down: say so, without a traceback per request
         log.warning("storage unavailable on %s %s: %s", request.method, request.path, exc)
         response = error_response(503, "storage_unavailable", "the gateway's database is unreachable; retry later")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from agent_gateway.errors import ErrorShape
 from agent_gateway.plugin_host import PluginError
 from agent_gateway.preferences import apply_run_defaults, load_values
 from agent_gateway.sse import stream_run
@@ -63,18 +64,29 @@ class PluginRoutes:
         self._gateway = gateway
         self._router = router
         self._openapi: dict[str, dict[str, Any]] = {}
+        self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
         self._on_shutdown: list[ShutdownCallback] = []
         self._closed = False
 
     # -- declaring routes (only while register_routes runs) -----------------------------------------
-    def add(self, method: str, path: str, handler: Handler, *, openapi: Mapping[str, Any] | None = None) -> None:
+    def add(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        *,
+        openapi: Mapping[str, Any] | None = None,
+        error_shape: ErrorShape | None = None,
+    ) -> None:
         """Serve ``method path`` with ``handler`` and describe it in ``/openapi.json``.
 
         ``path`` is under ``/v1/`` and uses aiohttp's ``{variable}`` syntax; name its variables as
         the OpenAPI document does (``{hostRunId}``), they are the same path there. ``openapi`` is
         the OpenAPI operation object (``summary``, ``requestBody``, ``responses``, ...); without
         one the route is listed with a bare placeholder. A route the core or another plugin
-        already serves is a :class:`agent_gateway.PluginError`."""
+        already serves is a :class:`agent_gateway.PluginError`. ``error_shape(status, code,
+        message, extra)``, when given, returns the JSON error body of every refusal on this path
+        (another protocol's error shape), those of the core's middleware (401, 403, 413) included."""
         method = method.upper()
         if self._closed:
             raise PluginError(f"route {method} {path}: routes can only be added while register_routes runs")
@@ -85,9 +97,11 @@ class PluginRoutes:
         if self._serves(method, path):
             raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
         if method == "GET":
-            self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
+            route = self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
         else:
-            self._router.add_route(method, path, handler)
+            route = self._router.add_route(method, path, handler)
+        if error_shape is not None and route.resource is not None:
+            self.error_shapes[route.resource.canonical] = error_shape
         operation = (
             dict(openapi)
             if openapi is not None
@@ -158,6 +172,7 @@ class PluginRoutes:
         after_seq: int = 0,
         prelude: bytes = b"",
         headers: Mapping[str, str] | None = None,
+        merge_deltas: bool = True,
     ) -> web.StreamResponse:
         """Answer ``request`` with ``run``'s events after ``after_seq`` as a server-sent event
         stream, with everything ``/v1/runs/{id}/stream`` does: journal replay then the live tail
@@ -166,6 +181,9 @@ class PluginRoutes:
         ``encode(events)``: complete SSE frames, so ``encode`` may keep state across batches of one
         stream (a protocol whose frames depend on what came before). ``prelude`` (complete frames)
         is written as the stream opens, before any event; ``headers`` are added to the response.
+        A client that falls behind its buffer gets text deltas merged (``mergedFrom``,
+        ``mergedCount``); with ``merge_deltas=False`` it is replayed from the journal instead, so
+        ``encode`` sees every journal event unmerged (frames numbered per event stay dense).
         Get ``run`` with :meth:`run` so it is the caller's."""
         gateway = self._gateway
         return await stream_run(
@@ -182,6 +200,7 @@ class PluginRoutes:
             encode=encode,
             prelude=prelude,
             headers=headers,
+            merge_deltas=merge_deltas,
         )
 
     def workspace_root(self, request: web.Request, workspace_id: str) -> Path | None:
@@ -190,6 +209,10 @@ class PluginRoutes:
         (``[workspaces] owners``): a route that names a workspace itself checks it here."""
         self._gateway.workspace_access.require(self.actor(request), workspace_id)
         return self._gateway.config.workspace_roots.get(workspace_id)
+
+    def agent_ids(self) -> list[str]:
+        """The ids of every registered runtime (what ``GET /v1/agents`` lists), sorted."""
+        return sorted(self._gateway.runtimes)
 
     def runtime(self, agent_id: str) -> Runtime | None:
         """The registered runtime of ``agent_id``, or None."""
@@ -208,6 +231,15 @@ class PluginRoutes:
         self._gateway.workspace_access.require(run.actor_id, run.workspace_id)  # else a 404 ApiError
         facade = self._gateway.tools
         return await facade.call(name, arguments, facade.scope_for(run), caller=caller)
+
+    async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
+        """Cancel the run (as ``POST /v1/runs/{id}/cancel``); the run, or None if not ``actor_id``'s."""
+        return await self._gateway.runs.cancel(host_run_id, actor_id)
+
+    async def wait_run(self, run: Run) -> Run:
+        """Wait until ``run`` (got with :meth:`run`) has ended; its final record."""
+        await self._gateway.runs.wait(run.host_run_id)
+        return await self._gateway.runs.get(run.host_run_id, run.actor_id) or run
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""

@@ -116,6 +116,7 @@ class RunStream:
         send_timeout: float = SEND_TIMEOUT,
         encode: Callable[[list[Event]], bytes] | None = None,
         prelude: bytes = b"",
+        merge_deltas: bool = True,
     ) -> None:
         self._response = response
         self.topic = self._topic = topic
@@ -130,7 +131,9 @@ class RunStream:
         self._prelude = prelude
         self._journal = journal
         # Subscribed before the first journal read, so no event falls between the two.
-        self._subscriber = bus.subscribe(topic, capacity)
+        # merge_deltas=False: a full buffer always goes back to the journal, so the client's
+        # frames can be numbered per journal event (never a merged delta).
+        self._subscriber = bus.subscribe(topic, capacity, merge_deltas=merge_deltas)
         self._wakeup = self._subscriber.wakeup
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
@@ -270,7 +273,9 @@ class RunStream:
             blob = _shared_frames(self._bus, self._topic, events)
         transport = self._transport
         idle = transport is not None and not transport.get_write_buffer_size()
-        if self._sent and idle and len(blob) + 64 <= self._high_water:
+        if not blob:
+            pass  # nothing the client sees (an encoder skipping what a resumed client has)
+        elif self._sent and idle and len(blob) + 64 <= self._high_water:
             # Headers sent, nothing queued (so not paused) and the batch fits below the
             # high-water mark: the write cannot pause the transport, so it cannot wait for a
             # drain, and needs no send timer.
@@ -323,6 +328,7 @@ async def stream_run(
     encode: Callable[[list[Event]], bytes] | None = None,
     prelude: bytes = b"",
     headers: Mapping[str, str] | None = None,
+    merge_deltas: bool = True,
 ) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
@@ -331,6 +337,8 @@ async def stream_run(
     (None: the event's wire JSON); `encode`, when given, turns each batch into its SSE frames
     instead (a stateful encoder for another protocol: it sees every event once, in order), and
     `prelude` (complete frames) goes out as the stream opens. `headers` are added to the response.
+    A client that falls behind its buffer gets text deltas merged, or with `merge_deltas=False` is
+    replayed from the journal instead (an encoder that numbers every journal event).
     A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
     stream and drops the connection.
     """
@@ -355,6 +363,7 @@ async def stream_run(
         send_timeout=send_timeout,
         encode=encode,
         prelude=prelude,
+        merge_deltas=merge_deltas,
     )
     await stream.run()
     return response

@@ -31,6 +31,7 @@ BUILTINS = {
     "pi_lab",
     "lightrag",
     "ag_ui",
+    "openai_compat",
     "cluster_redis",
 }
 

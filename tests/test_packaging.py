@@ -33,6 +33,7 @@ BUILT_INS = {
     "pi_lab",
     "lightrag",
     "ag_ui",
+    "openai_compat",
     "cluster_redis",
 }
 

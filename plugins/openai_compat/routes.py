@@ -1,0 +1,324 @@
+"""The OpenAI-compatible routes: ``/v1/models``, ``/v1/chat/completions``, ``/v1/responses``.
+
+Each request becomes an ordinary gateway run (``PluginRoutes.create_run``): ``model`` is the agent
+id, the last user message is the run's message, and the session comes from the
+``X-Agent-Gateway-Session`` header, ``metadata.session_id``, ``previous_response_id`` (responses)
+or ``user``, in that order; without any, every request is a session of its own. Streams are the
+run's journal through :mod:`.mapping`'s encoders, so every response can be resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent_gateway import ApiError, Event, PluginRoutes, Run, read_json
+
+from .mapping import RESPONSE_PREFIX, RESPONSE_STATUS, ChatCompletion, ResponseStream
+
+SESSION_HEADER = "X-Agent-Gateway-Session"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_ID_LENGTH = 200
+# Pages of events read for a non-streamed answer; bounded in count so no loop runs forever.
+EVENT_PAGE = 5000
+MAX_EVENT_PAGES = 2000
+# What /openapi.json declares: a text holds a character no regex dialect counts as white space.
+VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
+_DIGITS = re.compile(r"[0-9]{1,18}")
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "openapi.json").read_text(encoding="utf-8")
+)["paths"]
+
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error(status: int, code: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    param = extra.get("param", extra.get("field"))
+    return {
+        "error": {"message": message, "type": kind, "param": param if isinstance(param, str) else None, "code": code}
+    }
+
+
+def invalid(message: str, param: str | None, code: str = "invalid_request") -> ApiError:
+    return ApiError(400, code, message, param=param)
+
+
+def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
+    """``body[key]`` if it is a ``kind`` or null/absent (None); else a 400 naming ``key``."""
+    value = body.get(key)
+    if value is None:
+        return None
+    # bool is an int in Python, never in JSON: a true/false is only ever a boolean here
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise invalid(f"{key} must be {what}", key)
+    return value
+
+
+def _id_text(value: str, param: str) -> str:
+    if not VISIBLE.search(value) or len(value) > MAX_ID_LENGTH:
+        raise invalid(f"{param} must hold a visible character and at most {MAX_ID_LENGTH} characters", param)
+    return value
+
+
+def _content_text(content: Any, param: str, part_types: frozenset[str]) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        raise invalid(f"{param} must be a string or a list of content parts", param)
+    texts = []
+    for index, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise invalid(f"{param}[{index}] must be a content part with a type", f"{param}[{index}]")
+        if "text" in part and not isinstance(part["text"], str):
+            raise invalid(f"{param}[{index}].text must be a string", f"{param}[{index}].text")
+        if part["type"] in part_types and "text" in part:
+            texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _message(text: str, param: str) -> str:
+    if not VISIBLE.search(text):
+        raise invalid("the last user message must hold some text", param)
+    return text
+
+
+class OpenAIRoutes:
+    def __init__(self, routes: PluginRoutes, *, reasoning: bool) -> None:
+        self.routes = routes
+        self.reasoning = reasoning
+
+    # -- shared ---------------------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise invalid("the body must be a JSON object", None)
+        return body
+
+    def _model(self, body: dict[str, Any]) -> str:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise invalid("model must be an agent id (see GET /v1/models)", "model")
+        if self.routes.runtime(model) is None:
+            raise ApiError(404, "model_not_found", f"the model {model[:100]!r} does not exist", param="model")
+        return model
+
+    def _session(self, request: web.Request, body: dict[str, Any], fallback: str | None = None) -> str:
+        metadata = _optional(body, "metadata", dict, "an object of strings")
+        if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
+            raise invalid("metadata values must be strings", "metadata")
+        user = _optional(body, "user", str, "a string")
+        header = request.headers.get(SESSION_HEADER)
+        if header is not None:
+            return _id_text(header, SESSION_HEADER)
+        if metadata and "session_id" in metadata:
+            return _id_text(metadata["session_id"], "metadata.session_id")
+        if fallback is not None:
+            return fallback
+        if user:
+            return _id_text(user, "user")
+        return "openai-" + uuid.uuid4().hex
+
+    def _workspace(self, body: dict[str, Any]) -> str:
+        metadata = body.get("metadata") or {}
+        workspace = metadata.get("workspace_id", "default")
+        return _id_text(workspace, "metadata.workspace_id")
+
+    def _allowed_roots(self, body: dict[str, Any]) -> list[str] | None:
+        """``metadata.allowed_roots``: the workspace folders the agent's tools may touch,
+        comma-separated (``""`` or ``"."``: the whole workspace); without it, none."""
+        metadata = body.get("metadata") or {}
+        if "allowed_roots" not in metadata:
+            return None
+        return [root.strip() for root in metadata["allowed_roots"].split(",")]
+
+    async def _create(self, request: web.Request, agent: str, session: str, body: dict[str, Any], message: str) -> Run:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        run_request: dict[str, Any] = {
+            "requestId": _id_text(key, IDEMPOTENCY_HEADER) if key is not None else "openai-" + uuid.uuid4().hex,
+            "agentId": agent,
+            "sessionId": session,
+            "workspaceId": self._workspace(body),
+            "message": message,
+        }
+        roots = self._allowed_roots(body)
+        if roots is not None:
+            run_request["context"] = {"allowedRoots": roots}
+        run, _ = await self.routes.create_run(request, run_request)
+        return run
+
+    async def _all_events(self, run: Run) -> list[Event]:
+        events: list[Event] = []
+        after = 0
+        for _ in range(MAX_EVENT_PAGES):
+            page = await self.routes.events(run, after, EVENT_PAGE)
+            events.extend(page)
+            if len(page) < EVENT_PAGE:
+                break
+            after = page[-1].seq
+        return events
+
+    async def _run_of_response(self, request: web.Request, response_id: str, param: str = "response_id") -> Run:
+        run = None
+        if response_id.startswith(RESPONSE_PREFIX):
+            run = await self.routes.run(response_id.removeprefix(RESPONSE_PREFIX), self.routes.actor(request))
+        if run is None:
+            raise ApiError(404, "response_not_found", f"no response with id {response_id[:100]!r}", param=param)
+        return run
+
+    # -- /v1/models -----------------------------------------------------------------------------------
+    def _model_object(self, agent_id: str) -> dict[str, Any]:
+        return {"id": agent_id, "object": "model", "created": 0, "owned_by": "agent-gateway"}
+
+    async def list_models(self, request: web.Request) -> web.Response:
+        models = [self._model_object(agent) for agent in self.routes.agent_ids()]
+        return web.json_response({"object": "list", "data": models})
+
+    async def get_model(self, request: web.Request) -> web.Response:
+        model = request.match_info["model"]
+        if self.routes.runtime(model) is None:
+            raise ApiError(404, "model_not_found", f"the model {model[:100]!r} does not exist", param="model")
+        return web.json_response(self._model_object(model))
+
+    # -- /v1/chat/completions -------------------------------------------------------------------------
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        agent = self._model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise invalid("messages must be a non-empty list", "messages")
+        last_user = None
+        for index, item in enumerate(messages):
+            if not isinstance(item, dict) or item.get("role") not in CHAT_ROLES:
+                raise invalid(f"messages[{index}] must be an object with a role", f"messages[{index}].role")
+            content = _content_text(item.get("content"), f"messages[{index}].content", frozenset({"text"}))
+            if item["role"] == "user":
+                last_user = (content, index)
+        if last_user is None:
+            raise invalid("messages must hold a user message", "messages")
+        message = _message(last_user[0], f"messages[{last_user[1]}].content")
+        stream = bool(_optional(body, "stream", bool, "a boolean"))
+        options = _optional(body, "stream_options", dict, "an object") or {}
+        include_usage = options.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+        session = self._session(request, body)
+        run = await self._create(request, agent, session, body, message)
+        completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage)
+        if stream:
+            # Chat chunks are not numbered: a slow client may get merged deltas (same text).
+            return await self.routes.stream(request, run, encode=completion.encode)
+        run = await self.routes.wait_run(run)
+        result = completion.result(await self._all_events(run))
+        if completion.status in ("failed", "interrupted"):
+            error = {"message": completion.failure, "type": "server_error", "param": None}
+            error["code"] = f"run_{completion.status}"
+            # Not retried by the SDK: a retry would be a new turn of the same session.
+            return web.json_response({"error": error}, status=502, headers={"x-should-retry": "false"})
+        return web.json_response(result)
+
+    # -- /v1/responses --------------------------------------------------------------------------------
+    def _input_text(self, body: dict[str, Any]) -> str:
+        value = body.get("input")
+        if isinstance(value, str):
+            return _message(value, "input")
+        if not isinstance(value, list) or not value:
+            raise invalid("input must be a string or a non-empty list of input items", "input")
+        last_user = None
+        for index, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise invalid(f"input[{index}] must be an object", f"input[{index}]")
+            if item.get("role") == "user" and item.get("type", "message") == "message":
+                text = _content_text(item.get("content"), f"input[{index}].content", frozenset({"input_text", "text"}))
+                last_user = (text, index)
+        if last_user is None:
+            raise invalid("input must hold a user message", "input")
+        return _message(last_user[0], f"input[{last_user[1]}].content")
+
+    def _response(self, run: Run, events: list[Event]) -> dict[str, Any]:
+        stream = ResponseStream(run, reasoning=self.reasoning)
+        stream.fold(events)
+        body = stream.response()
+        if not run.is_terminal:  # the run's record is ahead of its journal on queued / running
+            body["status"] = RESPONSE_STATUS.get(run.status, body["status"])
+        return body
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        agent = self._model(body)
+        message = self._input_text(body)
+        stream = bool(_optional(body, "stream", bool, "a boolean"))
+        background = bool(_optional(body, "background", bool, "a boolean"))
+        previous = _optional(body, "previous_response_id", str, "a string")
+        fallback = None
+        if previous is not None:
+            fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
+        session = self._session(request, body, fallback)
+        run = await self._create(request, agent, session, body, message)
+        if stream:
+            encoder = ResponseStream(run, reasoning=self.reasoning)
+            return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False)
+        if not background:
+            run = await self.routes.wait_run(run)
+        return web.json_response(self._response(run, await self._all_events(run)))
+
+    async def get_response(self, request: web.Request) -> web.StreamResponse:
+        run = await self._run_of_response(request, request.match_info["response_id"])
+        stream = request.query.get("stream", "false")
+        if stream not in ("true", "false"):
+            raise invalid("stream must be true or false", "stream")
+        starting_after = request.query.get("starting_after")
+        if starting_after is not None and not _DIGITS.fullmatch(starting_after):
+            raise invalid("starting_after must be a sequence number (0 or more)", "starting_after")
+        if stream == "true":
+            after = int(starting_after) if starting_after is not None else -1
+            encoder = ResponseStream(run, reasoning=self.reasoning, starting_after=after)
+            if after >= 0 and run.is_terminal:  # an ended run may be compacted: cut inside a delta?
+                point = ResponseStream(run, reasoning=self.reasoning).resume_point(await self._all_events(run), after)
+                if point is not None:
+                    has, compacted = point
+                    cut = await self.routes.events(run, has, 1)  # the journal cuts it after `has`
+                    if cut and cut[0].seq == compacted:
+                        encoder.cut_texts[compacted] = str(cut[0].payload.get("text", ""))
+            return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False)
+        return web.json_response(self._response(run, await self._all_events(run)))
+
+    async def cancel_response(self, request: web.Request) -> web.Response:
+        run = await self._run_of_response(request, request.match_info["response_id"])
+        await self.routes.cancel_run(run.host_run_id, run.actor_id)
+        run = await self.routes.wait_run(run)  # the cancel grace bounds this
+        return web.json_response(self._response(run, await self._all_events(run)))
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def setup(routes: PluginRoutes, *, reasoning: bool) -> None:
+    handlers = OpenAIRoutes(routes, reasoning=reasoning)
+    table: list[tuple[str, str, Handler]] = [
+        ("GET", "/v1/models", handlers.list_models),
+        ("GET", "/v1/models/{model}", handlers.get_model),
+        ("POST", "/v1/chat/completions", handlers.chat_completions),
+        ("POST", "/v1/responses", handlers.create_response),
+        ("GET", "/v1/responses/{response_id}", handlers.get_response),
+        ("POST", "/v1/responses/{response_id}/cancel", handlers.cancel_response),
+    ]
+    for method, path, handler in table:
+        operation = OPENAPI_PATHS[path][method.lower()]
+        routes.add(method, path, handler, openapi=operation, error_shape=openai_error)
