@@ -47,6 +47,12 @@ TURN_FILES_KEPT = 50
 ADMISSION_RETRY_AFTER_SECONDS = 2
 
 
+# Waiting for a run another cluster instance executes: its live events buffered here between
+# wake-ups (more moves the waiter to asking the journal), and how often the journal is asked anyway.
+ELSEWHERE_WAIT_CAPACITY = 256
+ELSEWHERE_RECHECK_SECONDS = 5.0
+
+
 class AdmissionRefused(ApiError):
     """A run refused for now (429): its session's queue or its actor's active runs are full.
     ``retry_after`` is the ``Retry-After`` header's value, in seconds."""
@@ -650,9 +656,41 @@ class RunManager:
         return [a.run for a in self._active.values()]
 
     async def wait(self, host_run_id: str) -> None:
+        """Until the run has ended. A run this instance is not running has ended already, unless
+        another instance of a cluster runs it: then until its terminal event arrives here."""
         active = self._active.get(host_run_id)
         if active is not None:
             await active.done.wait()
+        elif self.coordinator.clustered:
+            await self._wait_elsewhere(host_run_id)
+
+    async def _wait_elsewhere(self, host_run_id: str) -> None:
+        """Wait for the terminal event of a run another instance executes: its events reach this
+        instance's bus; the journal is asked again after a gap in them, and every few seconds in
+        case the relay is down (a takeover ends the run within a lease period)."""
+        bus = self.journal.bus
+        subscriber = bus.subscribe(host_run_id, ELSEWHERE_WAIT_CAPACITY)  # before the first read
+        try:
+            ask_journal = True
+            while True:
+                if ask_journal:
+                    subscriber.needs_replay = False
+                    subscriber.buffer.clear()
+                    last = await self.journal.last_event(host_run_id)
+                    if last is not None and last.is_terminal:  # (None: nothing committed yet)
+                        return
+                subscriber.wakeup.clear()
+                if any(event.is_terminal for event in subscriber.buffer):
+                    return
+                subscriber.buffer.clear()
+                try:
+                    async with asyncio.timeout(ELSEWHERE_RECHECK_SECONDS):
+                        await subscriber.wakeup.wait()
+                    ask_journal = subscriber.needs_replay
+                except TimeoutError:
+                    ask_journal = True
+        finally:
+            bus.unsubscribe(subscriber)
 
     # -- cancel ---------------------------------------------------------------------------------------
     async def cancel(self, host_run_id: str, actor_id: str) -> Run | None:

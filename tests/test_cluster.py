@@ -178,6 +178,30 @@ async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances
             assert events[-1][1] == "run.cancelled", events[-3:]
 
 
+async def test_a_non_streaming_answer_from_another_instance_waits_for_the_owners_run(
+    tmp_path: Path, fake_llm: FakeOpenAI
+) -> None:
+    # A protocol route that waits for a run (a non-streaming chat completion) on an instance that
+    # does not own the session: the run executes on the owner, the answer still holds all of it.
+    answer = "slow " * 40
+    fake_llm.default = Reply(answer, chunk_size=2, delay=0.01)
+    extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url}
+    with fresh_database() as url:
+        async with instances(tmp_path, url, 2, extra=extra) as gateways, aiohttp.ClientSession() as http:
+            status, receipt = await post_json(http, f"{gateways[0].url}/v1/runs", run_body("first", "s-wait"))
+            assert status == 201, receipt
+            body = {"model": "chat-only", "messages": [{"role": "user", "content": "hello"}]}
+            async with http.post(
+                f"{gateways[1].url}/v1/chat/completions", json=body, headers={"X-Agent-Gateway-Session": "s-wait"}
+            ) as response:
+                completion = await response.json()
+                assert response.status == 200, completion
+            assert completion["choices"][0]["message"]["content"] == answer
+            assert completion["choices"][0]["finish_reason"] == "stop"
+            actives = [(await get_json(http, f"{g.url}/v1/health"))[1]["cluster"] for g in gateways]
+            assert actives[1]["activeRuns"] == [], actives  # it ran on the owner, not here
+
+
 FAST_LEASE = {"AGENT_GATEWAY__CLUSTER__LEASE_SECONDS": "2.0", "AGENT_GATEWAY__CLUSTER__HEARTBEAT_SECONDS": "0.5"}
 
 
