@@ -72,8 +72,10 @@ async def json_errors(
         return await handler(request)
     except ApiError as exc:
         response = error_response(exc.status, exc.code, str(exc), **exc.extra)
-        retry_after = getattr(exc, "retry_after", None)  # run admission's 429 (AdmissionRefused)
-        if isinstance(retry_after, int):
+        # When to retry: run admission's 429 (AdmissionRefused), or any refusal that says so in
+        # its body (one another cluster instance made and this one relays).
+        retry_after = getattr(exc, "retry_after", exc.extra.get("retryAfterSeconds"))
+        if isinstance(retry_after, int) and not isinstance(retry_after, bool):
             response.headers["Retry-After"] = str(retry_after)
         return response
     except StorageUnavailable as exc:  # the database is down: say so, without a traceback per request

@@ -202,6 +202,24 @@ async def test_a_non_streaming_answer_from_another_instance_waits_for_the_owners
             assert actives[1]["activeRuns"] == [], actives  # it ran on the owner, not here
 
 
+async def test_a_refusal_relayed_from_the_owner_keeps_its_retry_after(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
+    fake_llm.default = Reply("slow " * 200, chunk_size=2, delay=0.02)
+    extra = {
+        "AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url,
+        "AGENT_GATEWAY__GATEWAY__MAX_QUEUED_RUNS_PER_SESSION": "0",
+    }
+    with fresh_database() as url:
+        async with instances(tmp_path, url, 2, extra=extra) as gateways, aiohttp.ClientSession() as http:
+            status, receipt = await post_json(http, f"{gateways[0].url}/v1/runs", run_body("first", "s-full"))
+            assert status == 201, receipt
+            # The session's owner is instance 0; instance 1 forwards and relays the owner's 429.
+            async with http.post(f"{gateways[1].url}/v1/runs", json=run_body("second", "s-full")) as response:
+                refusal = await response.json()
+                assert response.status == 429, refusal
+                assert refusal["error"]["code"] == "session_queue_full", refusal
+                assert response.headers["Retry-After"] == str(refusal["error"]["retryAfterSeconds"])
+
+
 FAST_LEASE = {"AGENT_GATEWAY__CLUSTER__LEASE_SECONDS": "2.0", "AGENT_GATEWAY__CLUSTER__HEARTBEAT_SECONDS": "0.5"}
 
 
