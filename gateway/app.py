@@ -19,6 +19,7 @@ from agent_gateway.config import Config, redact_url, section_specs_from_hook
 from agent_gateway.errors import ApiError, error_response, json_errors
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
+from agent_gateway.loop_monitor import LoopLagMonitor
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
@@ -78,6 +79,7 @@ class Gateway:
             )
         self.storage = storage
         self.bus = Bus()
+        self.loop_monitor = LoopLagMonitor(float(gw["loop_lag_warn_ms"]))
         self.journal = Journal(
             storage,
             self.bus,
@@ -179,6 +181,7 @@ class Gateway:
                 + " ".join(str(exc).split())
             ) from exc
         await self.journal.start()
+        self.loop_monitor.start()
         interrupted = await self.runs.recover()
         await self.watcher.start()
         if interrupted:
@@ -220,6 +223,7 @@ class Gateway:
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()
         await self.journal.close()
+        self.loop_monitor.stop()
         loop = asyncio.get_running_loop()
         # A cancelled await does not stop its worker thread: let every storage call still running
         # finish before closing the connections under it (closing one in use crashed SQLite).

@@ -299,6 +299,8 @@ class RunStream:
 async def stream_run(
     request: web.Request,
     *,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
     topic: str,
     journal: Journal,
     bus: Bus,
@@ -315,9 +317,16 @@ async def stream_run(
     `is_finished()` tells whether the topic can have no later events (a finished run whose
     terminal event the client already has); `project` maps each event to what the client sees
     (None: the event's wire JSON). A write that cannot go out within `send_timeout` seconds (the
-    client stopped reading) ends the stream and drops the connection.
+    client stopped reading) ends the stream and drops the connection. `status` and `headers` are
+    the response's (create-and-stream answers 201 with the run's Location).
     """
-    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout)
+    response = EventSourceResponse(
+        status=status,
+        headers=headers,
+        allow_all_methods=True,  # create-and-stream answers a POST
+        ping_interval=max(heartbeat, 0.1),
+        send_timeout=send_timeout,
+    )
     response.headers["X-Accel-Buffering"] = "no"
     await response.prepare(request)
     stream = RunStream(

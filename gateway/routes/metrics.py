@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from agent_gateway.loop_monitor import INTERVAL
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -80,6 +81,13 @@ def render(gateway: Gateway) -> str:
         if hasattr(runtime, "live_bindings")
     ]
     metric("agent_gateway_live_bindings", "gauge", "Live agent sessions kept between turns.", bindings)
+    monitor = gateway.loop_monitor
+    name = "agent_gateway_loop_lag_seconds"
+    lines.append(f"# HELP {name} How late the event loop ran a timer due every {INTERVAL:g} s (it was held).")
+    lines.append(f"# TYPE {name} histogram")
+    lines += [f'{name}_bucket{{le="{le}"}} {count}' for le, count in monitor.cumulative()]
+    lines.append(f"{name}_sum {monitor.sum!r}")
+    lines.append(f"{name}_count {monitor.count}")
     return "\n".join(lines) + "\n"
 
 
