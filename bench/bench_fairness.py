@@ -4,8 +4,8 @@
 
 A real `agent-gateway serve` (SQLite, default config) with the chat-only runtime, pointed at an
 upstream in its own process that answers every chat completion with the model's count of deltas
-(`n20000`, `n3`) written in one go, as fast as the socket takes. One SSE client (its own process)
-reads the fast run. Alternating, in each round:
+(`n20000`, `n3`) written in one go, as fast as the socket takes (`hang`: headers, then nothing).
+One SSE client (its own process) reads the fast run. Alternating, in each round:
 
 - idle: `GET /v1/health` probes with nothing running (the latency baseline);
 - alone: the fast run with no probes (the throughput baseline);
@@ -48,6 +48,10 @@ async def _upstream_connection(reader: asyncio.StreamReader, writer: asyncio.Str
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(re.search(rb"(?i)content-length:\s*([0-9]+)", head).group(1))  # type: ignore[union-attr]
         body = await reader.readexactly(length)
+        if b'"model": "hang"' in body or b'"model":"hang"' in body:  # answers nothing until the client leaves
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+            await reader.read()
+            return
         found = MODEL.search(body)
         count = int(found.group(1)) if found else 3
         writer.write(

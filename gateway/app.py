@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_gateway.allocator import HeapTrimmer
 from agent_gateway.auth import actor_for_token
 from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
@@ -145,6 +146,9 @@ class Gateway:
             workspace_access=self.workspace_access,
         )
         self.watcher = Watcher(self)
+        # Freed heap pages go back to the system after runs end: RSS settles between runs.
+        self.heap_trimmer = HeapTrimmer(None)
+        self.runs.listeners.append(self.heap_trimmer.after_run)
 
     def actor_for(self, request: web.Request) -> str:
         if not self.tokens:

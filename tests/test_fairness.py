@@ -187,3 +187,15 @@ async def test_a_reader_of_events_that_all_wait_for_storage_does_not_read_storag
     assert [e.seq for e in await gw.journal.read(run_id, 0)] == [1, 2, 3, 4, 5] and len(reads) == 1
     await gw.journal.append(run_id, "run.completed", {}, "gateway")
     assert gw.journal.has_terminal(run_id) and "run.completed" in TERMINAL_KINDS
+
+
+async def test_the_heap_is_trimmed_after_a_run_ends_at_most_once_per_period(make_gateway: MakeGateway) -> None:
+    client = await make_gateway()
+    trimmer = gateway_of(client).heap_trimmer
+    assert trimmer._trim is not None  # glibc, as on every machine the tests run on
+    await run_to_end(client, run_body("one"))
+    async with asyncio.timeout(WAIT):
+        while trimmer.trims < 1:  # noqa: ASYNC110 (the trim runs on a worker thread)
+            await asyncio.sleep(0.005)
+    await run_to_end(client, run_body("two"))  # within TRIM_EVERY of the first: no second trim
+    assert trimmer.trims == 1 and trimmer._running is not None and trimmer._running.done()
