@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_gateway.allocator import HeapTrimmer
 from agent_gateway.auth import actor_for_token
 from agent_gateway.browser_guard import guard_from_config
 from agent_gateway.bus import Bus
@@ -20,6 +21,7 @@ from agent_gateway.config import Config, redact_url, section_specs_from_hook
 from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_errors
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
+from agent_gateway.loop_monitor import LoopLagMonitor
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
@@ -84,6 +86,7 @@ class Gateway:
         self.storage = storage
         self.bus = Bus()
         durable = self.coordinator.durable_delivery
+        self.loop_monitor = LoopLagMonitor(float(gw["loop_lag_warn_ms"]))
         self.journal = Journal(
             storage,
             self.bus,
@@ -163,6 +166,9 @@ class Gateway:
             coordinator=self.coordinator,
         )
         self.watcher = Watcher(self)
+        # Freed heap pages go back to the system after runs end: RSS settles between runs.
+        self.heap_trimmer = HeapTrimmer(None)
+        self.runs.listeners.append(self.heap_trimmer.after_run)
 
     def actor_for(self, request: web.Request) -> str:
         if not self.tokens:
@@ -200,6 +206,7 @@ class Gateway:
             ) from exc
         await self.journal.start()
         await self.coordinator.start(self)
+        self.loop_monitor.start()
         interrupted = await self.runs.recover()
         await self.watcher.start()
         await self.maintenance.start()
@@ -244,6 +251,7 @@ class Gateway:
             await self.plugin_routes.shutdown()
         await self.maintenance.stop()
         await self.journal.close()
+        self.loop_monitor.stop()
         loop = asyncio.get_running_loop()
         # A cancelled await does not stop its worker thread: let every storage call still running
         # finish before closing the connections under it (closing one in use crashed SQLite).

@@ -71,6 +71,8 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
             problems.append((name, f"file {section[name]} does not exist"))
     if section["shutdown_grace_seconds"] < 0:
         problems.append(("shutdown_grace_seconds", "must be 0 or more"))
+    if section["loop_lag_warn_ms"] < 0:
+        problems.append(("loop_lag_warn_ms", "must be 0 (no log line) or more"))
     public_url = section["public_url"]
     if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
         problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
@@ -138,6 +140,7 @@ CORE_SECTIONS = [
             "max_connections": 1000,
             "stream_send_timeout_seconds": 60.0,
             "shutdown_grace_seconds": 5.0,
+            "loop_lag_warn_ms": 100.0,
             "allowed_hosts": [],
             "cors_origins": [],
             "public_url": "",

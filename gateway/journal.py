@@ -18,10 +18,11 @@ import json
 import logging
 import os
 import secrets
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ class Journal:
         self._closed = False
         self.commit_errors = 0
         self.batches = 0
+        self.last_commit_at = 0.0  # time.monotonic() of the last successful commit
         self.on_append: list[Callable[[Event], None]] = []
         # Cluster mode: events go to the bus only once committed (never one a crash can take
         # back), and `on_commit` hooks get each committed per-run batch (to relay it).
@@ -277,8 +279,14 @@ class Journal:
         """Events after `after_seq`, committed or not. The uncommitted tail is captured before the
         first await, so together with a bus subscription taken in the same step nothing is missed."""
         self.publish()
-        pending = () if self.durable_delivery else self._pending_by_run.get(host_run_id, ())
-        snapshot = [e for batch in pending for e in batch if e.seq > after_seq]
+        # Cluster mode reads only what storage holds (an uncommitted event may never be stored).
+        batches = None if self.durable_delivery else self._pending_by_run.get(host_run_id)
+        if batches and batches[0][0].seq <= after_seq + 1:
+            # Every event after `after_seq` still waits for storage (a new run's first reader):
+            # no storage read, so no worker-thread round trip before the first event.
+            wanted = (e for batch in batches for e in batch if e.seq > after_seq)
+            return list(wanted if limit is None else islice(wanted, limit))
+        snapshot = [e for batch in batches or () for e in batch if e.seq > after_seq]
         stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
         if limit is not None and len(stored) >= limit:
             return stored
@@ -329,6 +337,7 @@ class Journal:
                 delivered = False
             except Exception as exc:
                 self.commit_errors += 1
+                self.last_commit_at = 0.0  # storage no longer vouched for: health pings it
                 failures += 1
                 if failures == 1:
                     log.exception("journal commit of %d events failed; they stay spooled; retrying", count)
@@ -342,6 +351,7 @@ class Journal:
                 failures = 0
             backoff = 0.05
             self.batches += 1
+            self.last_commit_at = time.monotonic()
             # The taken batches are the queue's head (only this loop pops) and each run's pending head.
             queue, pending = self._queue, self._pending_by_run
             for events in taken:

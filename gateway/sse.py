@@ -315,6 +315,7 @@ class RunStream:
 async def stream_run(
     request: web.Request,
     *,
+    status: int = 200,
     topic: str,
     journal: Journal,
     bus: Bus,
@@ -336,17 +337,21 @@ async def stream_run(
     terminal event the client already has); `project` maps each event to what the client sees
     (None: the event's wire JSON); `encode`, when given, turns each batch into its SSE frames
     instead (a stateful encoder for another protocol: it sees every event once, in order), and
-    `prelude` (complete frames) goes out as the stream opens. `headers` are added to the response.
+    `prelude` (complete frames) goes out as the stream opens. `status` and `headers` are the
+    response's (create-and-stream answers 201 with the run's Location).
     A client that falls behind its buffer gets text deltas merged, or with `merge_deltas=False` is
     replayed from the journal instead (an encoder that numbers every journal event).
     A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
     stream and drops the connection.
     """
-    # A plugin may answer a POST with a stream (a protocol whose run request opens its events).
-    response = EventSourceResponse(ping_interval=max(heartbeat, 0.1), send_timeout=send_timeout, allow_all_methods=True)
+    response = EventSourceResponse(
+        status=status,
+        headers=headers,
+        allow_all_methods=True,  # a POST may answer with a stream (create-and-stream, other protocols)
+        ping_interval=max(heartbeat, 0.1),
+        send_timeout=send_timeout,
+    )
     response.headers["X-Accel-Buffering"] = "no"
-    if headers:
-        response.headers.update(headers)
     await response.prepare(request)
     stream = RunStream(
         request,

@@ -425,7 +425,11 @@ def parse_prometheus(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], f
         match = _SAMPLE.match(line)
         assert match, f"not a sample line: {line!r}"
         name, labels_text, value_text = match.groups()
-        assert name in helps and name in types, f"{name} has no HELP/TYPE"
+        family = name
+        for suffix in ("_bucket", "_sum", "_count"):  # a histogram's samples carry its family's HELP/TYPE
+            if name.endswith(suffix) and types.get(name.removesuffix(suffix)) == "histogram":
+                family = name.removesuffix(suffix)
+        assert family in helps and family in types, f"{name} has no HELP/TYPE"
         labels: list[tuple[str, str]] = []
         if labels_text:
             inner = labels_text[1:-1]
@@ -436,7 +440,7 @@ def parse_prometheus(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], f
                 consumed = label.end()
             assert consumed == len(inner), f"bad labels {labels_text!r}"
         value = float(value_text)
-        if types[name] == "counter":
+        if types[family] == "counter":
             assert value >= 0
         key = tuple(sorted(labels))
         assert key not in samples.setdefault(name, {}), f"duplicate sample {line!r}"

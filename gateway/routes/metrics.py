@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from agent_gateway.loop_monitor import INTERVAL
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
 
 if TYPE_CHECKING:
@@ -90,6 +91,13 @@ def render(gateway: Gateway) -> str:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 name = "agent_gateway_cluster_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
                 metric(name, "gauge", f"The cluster coordinator's {key} (/v1/health cluster.{key}).", [(label, value)])
+    monitor = gateway.loop_monitor
+    name = "agent_gateway_loop_lag_seconds"
+    lines.append(f"# HELP {name} How late the event loop ran a timer due every {INTERVAL:g} s (it was held).")
+    lines.append(f"# TYPE {name} histogram")
+    lines += [f'{name}_bucket{{le="{le}"}} {count}' for le, count in monitor.cumulative()]
+    lines.append(f"{name}_sum {monitor.sum!r}")
+    lines.append(f"{name}_count {monitor.count}")
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,22 @@ def _cursor(value: str | None, name: str) -> int:
         raise ApiError(400, "invalid_cursor", f"{name}: {exc}") from exc
 
 
+RUN_ID_HEADER = "X-Host-Run-Id"
+STREAM_FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
+
+
+def _wants_stream(request: web.Request) -> bool:
+    """Create-and-stream: `?stream=1`, or an Accept header asking for text/event-stream and not
+    for JSON (an Accept naming both keeps the JSON receipt)."""
+    flag = request.query.get("stream")
+    if flag is not None:
+        if flag not in STREAM_FLAGS:
+            raise ApiError(400, "invalid_request", f"stream must be 1, true, 0 or false, got {flag[:40]!r}")
+        return STREAM_FLAGS[flag]
+    accept = request.headers.get("Accept", "")
+    return "text/event-stream" in accept and "application/json" not in accept
+
+
 def _receipt(run: Run) -> web.Response:
     return web.json_response(run.to_receipt())
 
@@ -60,7 +76,11 @@ class RunRoutes:
             )
         return project
 
-    async def create(self, request: web.Request) -> web.Response:
+    async def create(self, request: web.Request) -> web.StreamResponse:
+        stream = _wants_stream(request)
+        # Checked before the run exists: a bad cursor must not leave a run behind.
+        header = request.headers.get("Last-Event-ID") if stream else None
+        after = _cursor(header, "Last-Event-ID") if header else 0
         body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
         # Agents call back (MCP) on the address the host used, unless the launcher set one.
         self.gw.services.setdefault("base_url", str(request.url.origin()))
@@ -70,9 +90,12 @@ class RunRoutes:
             response = error_response(refused.status, refused.code, str(refused), **refused.extra)
             response.headers["Retry-After"] = str(refused.retry_after)
             return response
+        headers = {"Location": f"/v1/runs/{run.host_run_id}", RUN_ID_HEADER: run.host_run_id}
+        if stream:  # create-and-stream: the new run's events from seq 1, in the same round trip
+            return await self._stream(request, run, after, None, status=201 if created else 200, headers=headers)
         response = _receipt(run)
         response.set_status(201 if created else 200)
-        response.headers["Location"] = f"/v1/runs/{run.host_run_id}"
+        response.headers.update(headers)
         return response
 
     async def get(self, request: web.Request) -> web.Response:
@@ -103,9 +126,21 @@ class RunRoutes:
         run = await self._run(request)
         header = request.headers.get("Last-Event-ID")
         after = _cursor(header, "Last-Event-ID") if header else _cursor(request.query.get("afterSeq"), "afterSeq")
-        project = self._projection(request)
+        return await self._stream(request, run, after, self._projection(request))
+
+    async def _stream(
+        self,
+        request: web.Request,
+        run: Run,
+        after: int,
+        project: Any,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
+    ) -> web.StreamResponse:
         return await stream_run(
             request,
+            status=status,
+            headers=headers,
             topic=run.host_run_id,
             journal=self.gw.journal,
             bus=self.gw.bus,

@@ -113,8 +113,10 @@ class SessionIndexer:
         storage = self.gw.storage
         await self._db(storage.touch_session_index, run)
         if run.is_terminal:
-            events = await self._db(storage.read_events, run.host_run_id)
-            transcript = project_transcript(events, run_transcript(run))
+            # Read and folded on a worker: a long run's fold would hold the loop for milliseconds.
+            transcript = await self._db(
+                lambda: project_transcript(storage.read_events(run.host_run_id), run_transcript(run))
+            )
             await self._db(storage.put_run_digest, run_digest(run, transcript))
 
     async def settle(self) -> None:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
 
 from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome
+
+# A slice of parsing and emitting ends after this long or this many upstream lines, whichever
+# comes first; the stream then yields to the loop once.
+SLICE_SECONDS = 0.002
+SLICE_LINES = 256
 
 
 class UpstreamError(Exception):
@@ -113,10 +119,21 @@ class ChatOnlyRuntime:
         }
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         parts: list[str] = []
+        emit, emit_nowait = turn.emit, turn.emit_nowait
+        clock = time.perf_counter
+        # An upstream that writes faster than we parse leaves the whole response buffered, and
+        # reading a buffered line never suspends: yield to the loop after each slice of work.
+        slice_ends = clock() + SLICE_SECONDS
+        lines_left = SLICE_LINES
         async with self._http().post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
             if response.status >= 400:
                 raise UpstreamError(f"upstream answered {response.status}: {await _error_message(response)}")
             async for raw in response.content:
+                lines_left -= 1
+                if not lines_left or clock() >= slice_ends:
+                    await asyncio.sleep(0)  # a slice used up: let other runs and requests in
+                    slice_ends = clock() + SLICE_SECONDS
+                    lines_left = SLICE_LINES
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
                     continue
@@ -130,14 +147,18 @@ class ChatOnlyRuntime:
                 if chunk.get("error"):
                     raise UpstreamError(f"upstream error: {chunk['error'].get('message', chunk['error'])}")
                 if chunk.get("usage"):
-                    await turn.emit("usage.updated", {"usage": chunk["usage"]})
+                    await emit("usage.updated", {"usage": chunk["usage"]})
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
                     if delta.get("reasoning_content"):
-                        await turn.emit("thought.delta", {"text": delta["reasoning_content"]})
+                        payload = {"text": delta["reasoning_content"]}
+                        if not emit_nowait("thought.delta", payload):
+                            await emit("thought.delta", payload)  # storage is behind: wait for room
                     if delta.get("content"):
                         parts.append(delta["content"])
-                        await turn.emit("message.delta", {"text": delta["content"]})
+                        payload = {"text": delta["content"]}
+                        if not emit_nowait("message.delta", payload):
+                            await emit("message.delta", payload)
             else:
                 raise UpstreamError("upstream closed the stream before [DONE]")
         return "".join(parts)

@@ -1,0 +1,249 @@
+"""Fairness: one chat-only run streaming at full speed must not stall the loop for anyone else.
+
+    python bench/bench_fairness.py [--deltas 20000] [--rounds 3]
+
+A real `agent-gateway serve` (SQLite, default config) with the chat-only runtime, pointed at an
+upstream in its own process that answers every chat completion with the model's count of deltas
+(`n20000`, `n3`) written in one go, as fast as the socket takes (`hang`: headers, then nothing).
+One SSE client (its own process) reads the fast run. Alternating, in each round:
+
+- idle: `GET /v1/health` probes with nothing running (the latency baseline);
+- alone: the fast run with no probes (the throughput baseline);
+- probed: the fast run while this process probes `GET /v1/health` and, every tenth probe, the time
+  to first event of a second run's client (`POST /v1/runs` then `GET .../stream`, and the one
+  round trip `POST /v1/runs` with `Accept: text/event-stream`).
+
+Throughput is the fast run's deltas over the span between its first and last delta's `createdAt`.
+Prints one JSON line per scenario and the p50/p99 figures as same-run ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ENV, ROOT, Clients, load, percentile
+
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
+TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+ONE_CALL = True  # --no-one-call: a gateway without create-and-stream
+MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
+
+
+# -- the upstream (its own process) ---------------------------------------------------------------
+async def _upstream_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length:\s*([0-9]+)", head).group(1))  # type: ignore[union-attr]
+        body = await reader.readexactly(length)
+        if b'"model": "hang"' in body or b'"model":"hang"' in body:  # answers nothing until the client leaves
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+            await reader.read()
+            return
+        found = MODEL.search(body)
+        count = int(found.group(1)) if found else 3
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + CHUNK * count + TAIL
+        )
+        await writer.drain()  # as fast as the socket takes
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _serve_upstream() -> None:
+    server = await asyncio.start_server(_upstream_connection, "127.0.0.1", 0)
+    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# -- the measurements -------------------------------------------------------------------------------
+def _run_body(model: str) -> dict[str, Any]:
+    return {
+        "requestId": os.urandom(8).hex(),
+        "agentId": "chat-only",
+        "sessionId": os.urandom(6).hex(),
+        "message": "go",
+        "options": {"model": model},
+    }
+
+
+async def _health(http: aiohttp.ClientSession, url: str, probe: str = "ready") -> float:
+    start = time.perf_counter()
+    async with http.get(url + "/v1/health?probe=" + probe) as response:
+        await response.read()
+    return (time.perf_counter() - start) * 1000
+
+
+async def _first_event(http: aiohttp.ClientSession, url: str, one_call: bool) -> float:
+    """Milliseconds from sending `POST /v1/runs` to the first event's bytes on the client's stream."""
+    start = time.perf_counter()
+    if one_call:
+        response = await http.post(url + "/v1/runs", json=_run_body("n3"), headers={"Accept": "text/event-stream"})
+    else:
+        async with http.post(url + "/v1/runs", json=_run_body("n3")) as created:
+            run_id = (await created.json())["hostRunId"]
+        response = await http.get(f"{url}/v1/runs/{run_id}/stream")
+    try:
+        async for line in response.content:
+            if line.startswith(b"id:"):
+                return (time.perf_counter() - start) * 1000
+        raise RuntimeError("the stream ended with no event")
+    finally:
+        response.close()
+
+
+async def _probe_until(http: aiohttp.ClientSession, url: str, done: asyncio.Event, out: dict[str, list[float]]) -> None:
+    index = 0
+    while not done.is_set() and index < 100_000:
+        if index % 10 == 9:
+            out["ttfe_two_calls"].append(await _first_event(http, url, one_call=False))
+            if ONE_CALL:
+                out["ttfe_one_call"].append(await _first_event(http, url, one_call=True))
+        else:
+            out["health"].append(await _health(http, url))
+            out["live"].append(await _health(http, url, "live"))
+        index += 1
+        await asyncio.sleep(0.005)  # probe pacing
+
+
+async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: bool) -> dict[str, Any]:
+    async with http.post(url + "/v1/runs", json=_run_body(f"n{deltas}")) as created:
+        run_id = (await created.json())["hostRunId"]
+    out: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": []}
+    done = asyncio.Event()
+    prober = asyncio.create_task(_probe_until(http, url, done, out)) if probe else None
+    clients = await asyncio.to_thread(Clients, url, [{"run": run_id, "after": None}], mode="count")
+    result = (await asyncio.to_thread(clients.results))[0]
+    done.set()
+    if prober is not None:
+        await prober
+    first = last = None
+    after = 0
+    while True:  # the delta span from the journal's timestamps
+        async with http.get(f"{url}/v1/runs/{run_id}/events?afterSeq={after}&limit=5000") as page:
+            body = await page.json()
+        for event in body["events"]:
+            if event["kind"] == "message.delta":
+                first = first or event["createdAt"]
+                last = event["createdAt"]
+        if not body["events"]:
+            break
+        after = int(body["nextCursor"])
+    span = max((last or 0) - (first or 0), 1) / 1000
+    return {"events": result["events"], "rate": deltas / span, **out}
+
+
+async def _idle(http: aiohttp.ClientSession, url: str, probes: int) -> list[float]:
+    samples = []
+    for _ in range(probes):
+        samples.append(await _health(http, url))
+        await asyncio.sleep(0.005)
+    return samples
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    return {"n": len(samples), "p50": round(percentile(samples, 50), 2), "p99": round(percentile(samples, 99), 2)}
+
+
+async def _bench(url: str, deltas: int, rounds: int) -> None:
+    idle: list[float] = []
+    alone: list[float] = []
+    probed: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []}
+    async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
+        await _fast_run(http, url, 200, probe=False)  # warm up
+        for _ in range(rounds):
+            idle += await _idle(http, url, 60)
+            alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
+            result = await _fast_run(http, url, deltas, probe=True)
+            for key in ("health", "live", "ttfe_two_calls", "ttfe_one_call"):
+                probed[key] += result[key]
+            probed["rate"].append(result["rate"])
+            print(json.dumps({"round": _, "alone_rate": round(alone[-1]), "probed": {
+                "rate": round(result["rate"]),
+                "health": _summary(result["health"]),
+                "live": _summary(result["live"]),
+                "ttfe_two_calls": _summary(result["ttfe_two_calls"]),
+                "ttfe_one_call": _summary(result["ttfe_one_call"]),
+            }}), flush=True)  # fmt: skip
+        async with http.get(url + "/metrics") as response:
+            metrics = (await response.text()).splitlines()
+    alone_rate = sorted(alone)[len(alone) // 2]
+    probed_rate = sorted(probed["rate"])[len(probed["rate"]) // 2]
+    report = {
+        "deltas": deltas,
+        "rounds": rounds,
+        "load": load(),
+        "idle_health_ms": _summary(idle),
+        "busy_health_ms": _summary(probed["health"]),
+        "busy_live_ms": _summary(probed["live"]),
+        "busy_health_p99_over_idle_p99": round(percentile(probed["health"], 99) / percentile(idle, 99), 2),
+        "ttfe_two_calls_ms": _summary(probed["ttfe_two_calls"]),
+        "ttfe_one_call_ms": _summary(probed["ttfe_one_call"]),
+        "fast_run_rate_alone": round(alone_rate),
+        "fast_run_rate_probed": round(probed_rate),
+        "probed_over_alone_rate": round(probed_rate / alone_rate, 3),
+    }
+    report["loop_lag_buckets"] = [line.split("le=")[1] for line in metrics if "loop_lag_seconds_bucket" in line]
+    print(json.dumps(report, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deltas", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--switch", type=float, default=0.0, help="the gateway's GIL switch interval, seconds")
+    parser.add_argument("--no-one-call", action="store_true", help="skip the create-and-stream probe")
+    parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    global ONE_CALL
+    ONE_CALL = not args.no_one_call
+    if args.upstream:
+        asyncio.run(_serve_upstream())
+        return
+    upstream = subprocess.Popen([sys.executable, __file__, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert upstream.stdout is not None
+        base_url = upstream.stdout.readline().strip()
+        with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryFile("w+") as log:
+            env = {**ENV, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "", "OPENAI_MODEL": "n3"}
+            command = [sys.executable, "-m", "agent_gateway", "serve", "--port", "0", "--data-dir", data_dir]
+            if args.switch:  # an experiment: the GIL switch interval (Python's default is 0.005 s)
+                serve = "import sys; from agent_gateway.cli import main; sys.setswitchinterval(float(sys.argv[1]));"
+                serve += " sys.argv[1:2] = []; main()"
+                command = [sys.executable, "-c", serve, str(args.switch), *command[3:]]
+            gateway = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, env=env)
+            try:
+                assert gateway.stdout is not None
+                line = gateway.stdout.readline()
+                found = re.search(r"listening on (\S+)", line)
+                if not found:
+                    raise RuntimeError(f"the gateway did not start: {line!r}")
+                asyncio.run(_bench(found.group(1), args.deltas, args.rounds))
+            finally:
+                gateway.terminate()
+                gateway.wait(timeout=30)
+                log.seek(0)
+                lags = [line for line in log if "event loop blocked" in line]
+                print(f"{len(lags)} loop-lag warning line(s) from the gateway", *lags[-5:], sep="\n")
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""Memory that settles: many chat-only runs of 20,000 deltas, and many idle SSE clients.
+
+    python bench/bench_memory.py [--runs 1000] [--deltas 20000] [--clients 10000] [--tracemalloc]
+
+A gateway (SQLite, default config but `max_connections`) with the chat-only runtime, pointed at the
+fairness benchmark's upstream (its own process, every answer written as fast as the socket takes).
+
+- runs: `--runs` runs one after another, each in a new session and read to its end by one
+  create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
+  gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB).
+  With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
+  RSS is not the figure) and the report lists the source lines whose memory grew most between
+  the baseline and the end.
+- clients: one run whose upstream never answers, and `--clients` idle SSE streams of it; the RSS
+  they add over the number of clients (goal: 10 KB each). The file-descriptor limits of the
+  gateway and of this process are raised to their hard limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import gc
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ENV, ROOT, load
+
+HEAP_PATH = "/bench/heap"
+
+
+def _raise_fd_limit() -> int:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+# -- the gateway (its own process) -----------------------------------------------------------------
+async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
+    from agent_gateway.app import create_app
+    from agent_gateway.cli import tune_gc_for_serving
+    from agent_gateway.config import Config
+    from agent_gateway.plugin_host import PluginHost
+
+    if trace:
+        tracemalloc.start(8)
+    overrides: dict[str, dict[str, Any]] = {
+        "gateway": {"data_dir": data_dir, "max_connections": 100_000},
+        "chat_only": {"base_url": base_url, "model": "n3"},
+    }
+    app = create_app(Config.load(None, env={}, overrides=overrides), PluginHost.load(env={}))
+    marks: dict[str, tracemalloc.Snapshot] = {}
+
+    async def heap(request: web.Request) -> web.Response:
+        """`?mark=NAME` keeps a snapshot; `?diff=NAME` lists the lines that grew most since it."""
+        gc.collect()
+        if "trim" in request.query:  # give freed heap pages back to the system (glibc)
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            return web.json_response({"trimmed": True})
+        if not tracemalloc.is_tracing():
+            return web.json_response({"tracing": False})
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [
+                tracemalloc.Filter(False, tracemalloc.__file__),
+                tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+            ]
+        )
+        if "mark" in request.query:
+            marks[request.query["mark"]] = snapshot
+            return web.json_response({"marked": request.query["mark"]})
+        stats = snapshot.compare_to(marks[request.query["diff"]], "traceback")[:12]
+        top = [
+            {
+                "size_diff_kb": round(stat.size_diff / 1024, 1),
+                "count_diff": stat.count_diff,
+                "at": [f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno}" for frame in stat.traceback[:4]],
+            }
+            for stat in stats
+        ]
+        traced, _peak = tracemalloc.get_traced_memory()
+        return web.json_response({"traced_kb": traced // 1024, "top": top})
+
+    app.router.add_get(HEAP_PATH, heap)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    tune_gc_for_serving()  # as `agent-gateway serve` does
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    await site.start()
+    print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+# -- the measurements --------------------------------------------------------------------------------
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def _largest_mappings(pid: int) -> list[tuple[str, float]]:
+    """The process's mappings with the most resident memory (name, MB)."""
+    out: list[tuple[str, float]] = []
+    name = ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            name = fields[5] if len(fields) > 5 else "[anon]"
+        elif fields[0] == "Rss:":
+            out.append((name, round(int(fields[1]) / 1024, 1)))
+    return sorted(out, key=lambda item: -item[1])[:6]
+
+
+def _body(model: str) -> dict[str, Any]:
+    return {
+        "requestId": os.urandom(8).hex(),
+        "agentId": "chat-only",
+        "sessionId": os.urandom(6).hex(),
+        "message": "go",
+        "options": {"model": model},
+    }
+
+
+async def _one_run(http: aiohttp.ClientSession, url: str, deltas: int) -> int:
+    """Create and stream one run to its end; the number of events received."""
+    async with http.post(url + "/v1/runs?stream=1", json=_body(f"n{deltas}")) as response:
+        assert response.status == 201, await response.text()
+        events = 0
+        async for chunk in response.content.iter_chunked(1 << 16):
+            events += chunk.count(b"\nid: ") + chunk.startswith(b"id: ")
+        return events
+
+
+async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict[str, Any]:
+    samples: list[tuple[int, int]] = [(0, _rss_kb(pid))]
+    baseline = 0
+    started = time.monotonic()
+    heap: dict[str, Any] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+        if trace:
+            await (await http.get(url + HEAP_PATH + "?mark=start")).read()
+        for number in range(1, runs + 1):
+            events = await _one_run(http, url, deltas)
+            if events < deltas:
+                raise RuntimeError(f"run {number}: {events} events")
+            if number == min(10, runs):
+                baseline = _rss_kb(pid)
+                samples.append((number, baseline))
+                if trace:
+                    heap["first_10_runs_left"] = await (await http.get(url + HEAP_PATH + "?diff=start")).json()
+                    await (await http.get(url + HEAP_PATH + "?mark=baseline")).read()
+            elif number % 50 == 0 or number == runs:
+                samples.append((number, _rss_kb(pid)))
+                print(json.dumps({"run": number, "rss_mb": round(samples[-1][1] / 1024, 1)}), flush=True)
+        if trace:
+            heap["grew_after_10_runs"] = await (await http.get(url + HEAP_PATH + "?diff=baseline")).json()
+        end = samples[-1][1]
+        await (await http.get(url + HEAP_PATH + "?trim=1")).read()
+        trimmed = _rss_kb(pid)
+        mappings = _largest_mappings(pid)
+    return {
+        "runs": runs,
+        "deltas": deltas,
+        "seconds": round(time.monotonic() - started, 1),
+        "rss_mb_at_start": round(samples[0][1] / 1024, 1),
+        "rss_mb_after_10_runs": round(baseline / 1024, 1),
+        "rss_mb_at_end": round(end / 1024, 1),
+        "rss_mb_end_minus_after_10": round((end - baseline) / 1024, 1),
+        "rss_mb_max": round(max(kb for _, kb in samples) / 1024, 1),
+        "rss_mb_at_end_after_gc_and_malloc_trim": round(trimmed / 1024, 1),
+        "largest_mappings_mb": mappings,
+        "samples_mb": [(n, round(kb / 1024, 1)) for n, kb in samples],
+        **({"tracemalloc": heap} if trace else {}),
+    }
+
+
+async def _idle_client(host: str, port: int, path: str) -> asyncio.StreamWriter:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: text/event-stream\r\n\r\n".encode())
+    head = await reader.readuntil(b": stream open\n\n")  # the response headers, then the opening comment
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise RuntimeError(head[:200].decode(errors="replace"))
+    return writer
+
+
+async def _clients(url: str, pid: int, count: int) -> dict[str, Any]:
+    host, port = url.removeprefix("http://").split(":")
+    async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
+        async with http.post(url + "/v1/runs", json=_body("hang")) as created:
+            run_id = (await created.json())["hostRunId"]
+        path = f"/v1/runs/{run_id}/stream"
+        # One stream first: the code paths of a stream are warm before the baseline.
+        writers = [await _idle_client(host, int(port), path)]
+        before = _rss_kb(pid)
+        started = time.monotonic()
+        for first in range(1, count, 500):  # 500 connections at a time
+            batch = [_idle_client(host, int(port), path) for _ in range(first, min(count, first + 500))]
+            writers += await asyncio.gather(*batch)
+        after = _rss_kb(pid)
+        connect_seconds = time.monotonic() - started
+        async with http.get(url + "/metrics") as response:
+            streams = [
+                line for line in (await response.text()).splitlines() if line.startswith("agent_gateway_streams_open")
+            ]
+        async with http.post(f"{url}/v1/runs/{run_id}/cancel") as cancelled:
+            await cancelled.read()
+        for writer in writers:
+            writer.close()
+    return {
+        "clients": count,
+        "connect_seconds": round(connect_seconds, 1),
+        "open_streams_metric": streams,
+        "rss_mb_before": round(before / 1024, 1),
+        "rss_mb_with_clients": round(after / 1024, 1),
+        "kb_per_client": round((after - before) / (count - 1), 2),
+    }
+
+
+def _start(command: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("http"):
+        proc.kill()
+        raise RuntimeError(f"{command[1]} did not start: {line!r}")
+    return proc, line
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--deltas", type=int, default=20_000)
+    parser.add_argument("--clients", type=int, default=10_000, help="idle SSE clients (0: skip)")
+    parser.add_argument("--tracemalloc", action="store_true", help="trace the gateway's allocations")
+    parser.add_argument("--serve", nargs=2, metavar=("DATA_DIR", "UPSTREAM"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    _raise_fd_limit()
+    if args.serve:
+        asyncio.run(_serve(args.serve[0], args.serve[1], args.tracemalloc))
+        return
+    upstream, base_url = _start([sys.executable, str(ROOT / "bench" / "bench_fairness.py"), "--upstream"], ENV)
+    try:
+        with tempfile.TemporaryDirectory() as data_dir:
+            command = [sys.executable, __file__, "--serve", data_dir, base_url]
+            gateway, url = _start(command + (["--tracemalloc"] if args.tracemalloc else []), ENV)
+            try:
+                report: dict[str, Any] = {"load": load()}
+                if args.runs:
+                    report["runs"] = asyncio.run(_runs(url, gateway.pid, args.runs, args.deltas, args.tracemalloc))
+                if args.clients:
+                    report["idle_clients"] = asyncio.run(_clients(url, gateway.pid, args.clients))
+                print(json.dumps(report, indent=1))
+            finally:
+                gateway.terminate()
+                gateway.wait(timeout=60)
+    finally:
+        upstream.terminate()
+        upstream.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()

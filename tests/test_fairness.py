@@ -1,0 +1,201 @@
+"""No run holds the event loop; the loop-lag monitor reports when something does.
+
+- The chat-only runtime, reading an upstream response that is already buffered in full (the
+  upstream wrote it in one go), yields to the loop between bounded slices: a task that counts
+  loop iterations sees at most one slice of deltas appended between two of its turns.
+- The loop-lag monitor puts a held loop in the `/metrics` histogram and logs one line above
+  `[gateway] loop_lag_warn_ms` (0: no line); `config check` refuses a negative threshold.
+- Readiness during a busy run asks storage nothing while the journal commits (its commits vouch
+  for it), and pings again once a commit failed.
+- A reader of a run whose events all wait for storage gets them without a storage read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from _harness import metric, parse_prometheus
+from aiohttp import web
+from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
+
+from agent_gateway.config import Config
+from agent_gateway.loop_monitor import BUCKETS, LoopLagMonitor
+from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.plugins.chat_only import runtime as chat_only_runtime
+
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
+TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+
+
+@pytest.fixture
+async def burst_upstream() -> AsyncIterator[tuple[str, dict[str, int]]]:
+    """An OpenAI-compatible upstream that writes every delta of its answer in one write (so the
+    gateway finds the whole response buffered); `settings["deltas"]` says how many."""
+    settings = {"deltas": 4000}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(CHUNK * settings["deltas"] + TAIL)
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/v1", settings
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_buffered_upstream_is_consumed_in_slices_that_let_the_loop_turn(
+    make_gateway: MakeGateway, burst_upstream: tuple[str, dict[str, int]]
+) -> None:
+    base_url, settings = burst_upstream
+    client = await make_gateway({"chat_only": {"base_url": base_url}})
+    journal = gateway_of(client).journal
+    gaps: list[int] = []
+    finished = asyncio.Event()
+
+    async def count_turns() -> None:
+        """Between two of this task's turns, how many events were appended."""
+        last = journal.appended + journal._unpublished_count
+        for _ in range(10_000_000):  # bounded; ends with the run
+            if finished.is_set():
+                return
+            await asyncio.sleep(0)
+            now = journal.appended + journal._unpublished_count
+            gaps.append(now - last)
+            last = now
+
+    counter = asyncio.create_task(count_turns())
+    try:
+        _receipt, events = await run_to_end(client, run_body("go"))
+    finally:
+        finished.set()
+        await counter
+    deltas = [e for e in events if e["event"] == "message.delta"]
+    assert sum(len(e["data"]["payload"]["text"]) for e in deltas) == 16 * settings["deltas"]
+    assert events[-1]["event"] == "run.completed"
+    # One slice is at most SLICE_LINES upstream lines (two per delta: `data:` and the blank line).
+    # (Without slices, a buffered response of this size went by in over 2,000 deltas at a time.)
+    assert chat_only_runtime.SLICE_LINES <= 256
+    assert max(gaps) <= chat_only_runtime.SLICE_LINES // 2 + 8, max(gaps)
+    assert sum(gaps) >= settings["deltas"]  # the counter saw the whole run
+
+
+def test_the_monitor_counts_lags_into_buckets_and_logs_above_the_threshold(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = LoopLagMonitor(warn_after_ms=50)
+    with caplog.at_level(logging.WARNING, logger="agent_gateway.loop"):
+        monitor.record(0.0004)
+        monitor.record(0.03)
+        monitor.record(0.2)  # logged
+        monitor.record(0.3)  # within the second after a line: counted in the next one, not logged
+    assert monitor.count == 4 and monitor.max == 0.3
+    cumulative = dict(monitor.cumulative())
+    assert cumulative["0.001"] == 1 and cumulative["0.05"] == 2 and cumulative["0.25"] == 3
+    assert cumulative["+Inf"] == 4 and cumulative[repr(BUCKETS[-1])] == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.loop"]
+    assert len(lines) == 1 and "blocked for 200 ms" in lines[0]
+    quiet = LoopLagMonitor(warn_after_ms=0)
+    with caplog.at_level(logging.WARNING, logger="agent_gateway.loop"):
+        quiet.record(5.0)
+    assert len([r for r in caplog.records if r.name == "agent_gateway.loop"]) == 1
+
+
+async def test_a_held_loop_shows_in_the_metrics_histogram_and_the_log(
+    make_gateway: MakeGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = await make_gateway({"gateway": {"loop_lag_warn_ms": 30.0}})
+    monitor = gateway_of(client).loop_monitor
+    before = parse_prometheus(await (await client.get("/metrics")).text())
+    over = metric(before, "agent_gateway_loop_lag_seconds_count") - metric(
+        before, "agent_gateway_loop_lag_seconds_bucket", le="0.025"
+    )
+    with caplog.at_level(logging.WARNING, logger="agent_gateway.loop"):
+        counted = monitor.count
+        time.sleep(0.08)  # noqa: ASYNC251 (the thing under test: a callback holding the loop for 80 ms)
+        async with asyncio.timeout(WAIT):
+            while monitor.count == counted:  # noqa: ASYNC110 (the monitor's next sample, due during the hold)
+                await asyncio.sleep(0.005)
+    after = parse_prometheus(await (await client.get("/metrics")).text())
+    over_after = metric(after, "agent_gateway_loop_lag_seconds_count") - metric(
+        after, "agent_gateway_loop_lag_seconds_bucket", le="0.025"
+    )
+    assert over_after >= over + 1
+    assert metric(after, "agent_gateway_loop_lag_seconds_sum") >= 0.05
+    assert any("event loop blocked" in r.getMessage() for r in caplog.records if r.name == "agent_gateway.loop")
+
+
+def test_config_check_refuses_a_negative_lag_threshold() -> None:
+    problems = Config.load(None, env={}, overrides={"gateway": {"loop_lag_warn_ms": -1.0}}).problems()
+    assert any("loop_lag_warn_ms" in problem for problem in problems), problems
+
+
+async def test_readiness_skips_the_ping_while_the_journal_commits_and_pings_after_a_failed_commit(
+    make_gateway: MakeGateway,
+) -> None:
+    client = await make_gateway()
+    gw = gateway_of(client)
+    pings: list[float] = []
+    real_ping = gw.storage.ping
+
+    def counting_ping() -> None:
+        pings.append(time.monotonic())
+        real_ping()
+
+    gw.storage.ping = counting_ping  # type: ignore[method-assign]
+    await run_to_end(client, run_body("hello"))
+    await gw.journal.flush()
+    assert (await client.get("/v1/health")).status == 200
+    assert pings == []  # a commit just now vouched for storage
+    gw.journal.last_commit_at = 0.0  # as after a failed commit
+    assert (await client.get("/v1/health")).status == 200
+    assert len(pings) == 1
+
+
+async def test_a_reader_of_events_that_all_wait_for_storage_does_not_read_storage(make_gateway: MakeGateway) -> None:
+    client = await make_gateway()
+    gw = gateway_of(client)
+    await gw.journal.flush()
+    reads: list[Any] = []
+    real_read = gw.storage.read_events
+
+    def counting_read(*args: Any) -> Any:
+        reads.append(args)
+        return real_read(*args)
+
+    gw.storage.read_events = counting_read  # type: ignore[method-assign]
+    run_id = "run_fairness_pending"
+    gw.journal.open_run(run_id)
+    for n in range(5):
+        gw.journal.append_nowait(run_id, "message.delta", {"text": f"{n}"}, "test")
+    pending = await gw.journal.read(run_id, 0)
+    assert [e.seq for e in pending] == [1, 2, 3, 4, 5] and reads == []
+    assert [e.seq for e in await gw.journal.read(run_id, 2, 2)] == [3, 4] and reads == []
+    await gw.journal.flush()  # committed now: the next read asks storage
+    assert [e.seq for e in await gw.journal.read(run_id, 0)] == [1, 2, 3, 4, 5] and len(reads) == 1
+    await gw.journal.append(run_id, "run.completed", {}, "gateway")
+    assert gw.journal.has_terminal(run_id) and "run.completed" in TERMINAL_KINDS
+
+
+async def test_the_heap_is_trimmed_after_a_run_ends_at_most_once_per_period(make_gateway: MakeGateway) -> None:
+    client = await make_gateway()
+    trimmer = gateway_of(client).heap_trimmer
+    assert trimmer._trim is not None  # glibc, as on every machine the tests run on
+    await run_to_end(client, run_body("one"))
+    async with asyncio.timeout(WAIT):
+        while trimmer.trims < 1:  # noqa: ASYNC110 (the trim runs on a worker thread)
+            await asyncio.sleep(0.005)
+    await run_to_end(client, run_body("two"))  # within TRIM_EVERY of the first: no second trim
+    assert trimmer.trims == 1 and trimmer._running is not None and trimmer._running.done()
