@@ -332,6 +332,7 @@ async def test_resume_inside_a_compacted_answer_loses_and_repeats_nothing(
         response = live[-1].response  # type: ignore[union-attr]
         host_run_id = response.id.removeprefix("resp_")
         gateway = gateway_of(client)
+        await gateway.journal.flush()  # the stream ends before its terminal event is committed
         before, after = await asyncio.to_thread(gateway.storage.compact_run, host_run_id)
         assert after < before  # the deltas were folded
         deltas = [e for e in live if e.type == "response.output_text.delta"]
