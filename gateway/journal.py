@@ -442,8 +442,10 @@ class Journal:
         if count < COMMIT_MIN_EVENTS // 2:
             return  # too small to say how fast storage is
         fitting = count * COMMIT_TARGET_SECONDS / max(seconds, 1e-6)
-        estimate = (self.commit_limit + fitting) / 2
-        self.commit_limit = int(min(self.batch_max, max(COMMIT_MIN_EVENTS, estimate)))
+        estimate = int(max(COMMIT_MIN_EVENTS, (self.commit_limit + fitting) / 2))
+        # A power of two: storage splits a batch into statements of power-of-two row counts, and
+        # each statement waits for the GIL again (up to 5 ms while the loop is busy) when it ends.
+        self.commit_limit = min(self.batch_max, 1 << (estimate.bit_length() - 1))
 
     def _release_flush_waiters(self) -> None:
         still = []
