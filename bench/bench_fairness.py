@@ -39,6 +39,7 @@ from _common import ENV, ROOT, Clients, load, percentile
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
 ONE_CALL = True  # --no-one-call: a gateway without create-and-stream
+TTFE_EVERY = 10  # --ttfe-every: one time-to-first-event probe per this many probes
 MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
 
 
@@ -110,7 +111,7 @@ async def _first_event(http: aiohttp.ClientSession, url: str, one_call: bool) ->
 async def _probe_until(http: aiohttp.ClientSession, url: str, done: asyncio.Event, out: dict[str, list[float]]) -> None:
     index = 0
     while not done.is_set() and index < 100_000:
-        if index % 10 == 9:
+        if index % TTFE_EVERY == TTFE_EVERY - 1:
             out["ttfe_two_calls"].append(await _first_event(http, url, one_call=False))
             if ONE_CALL:
                 out["ttfe_one_call"].append(await _first_event(http, url, one_call=True))
@@ -208,10 +209,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--switch", type=float, default=0.0, help="the gateway's GIL switch interval, seconds")
     parser.add_argument("--no-one-call", action="store_true", help="skip the create-and-stream probe")
+    parser.add_argument("--ttfe-every", type=int, default=10, help="a time-to-first-event probe every N probes")
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ONE_CALL
+    global ONE_CALL, TTFE_EVERY
     ONE_CALL = not args.no_one_call
+    TTFE_EVERY = max(args.ttfe_every, 1)
     if args.upstream:
         asyncio.run(_serve_upstream())
         return

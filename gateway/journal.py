@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
 import secrets
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,6 +37,14 @@ log = logging.getLogger("agent_gateway.journal")
 
 SPOOL_SEGMENT_BYTES = 32 * 1024 * 1024
 RECOVERY_BATCH = 5000
+# A group commit takes about this much of the writer thread's CPU time (its size follows the
+# rate the last commits ran at), so a run row written ahead of the next commit (`write`) waits
+# for one short transaction, not for thousands of events. CPU time, not wall time: waits for the
+# GIL while the loop is busy would otherwise shrink commits to a size where overhead dominates.
+COMMIT_TARGET_SECONDS = 0.003
+COMMIT_MIN_EVENTS = 256
+# How long `write` waits for a group commit to end before it writes anyway (storage stuck).
+PRIORITY_WAIT_SECONDS = 0.25
 BURST_EVENTS = 64
 BURST_PUBLISH = 256
 # A runtime that emits without ever yielding to the loop still gets its events published (and
@@ -110,6 +120,11 @@ class Journal:
         self.commit_errors = 0
         self.batches = 0
         self.last_commit_at = 0.0  # time.monotonic() of the last successful commit
+        # Held by each group commit and by `write` (run rows go between two commits).
+        self._storage_lock = threading.Lock()
+        self.priority_wait = PRIORITY_WAIT_SECONDS
+        # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
+        self.commit_limit = batch_max
         self.on_append: list[Callable[[Event], None]] = []
         # Cluster mode: events go to the bus only once committed (never one a crash can take
         # back), and `on_commit` hooks get each committed per-run batch (to relay it).
@@ -308,6 +323,25 @@ class Journal:
     async def _in_writer(self, fn: Callable[..., Any], *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._write_executor, fn, *args)
 
+    async def write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a storage write (a run row, a status) on a worker, between two group commits: it
+        takes the journal's storage lock, which each commit holds, so it waits for the commit in
+        progress only (one short transaction) and the next commit waits for it. Without it, the
+        write competes for SQLite's one writer lock, and a connection that finds it taken sleeps
+        in SQLite's busy handler (up to 100 ms a try) long after the lock is free. A commit that
+        holds the lock longer than `priority_wait` (a stuck database) is not waited for:
+        run rows then go to storage as before, so delivery and run status never wait on it."""
+        call = functools.partial(self._locked_write, functools.partial(fn, *args, **kwargs))
+        return await asyncio.get_running_loop().run_in_executor(self._read_executor, call)
+
+    def _locked_write(self, call: Callable[[], Any]) -> Any:
+        acquired = self._storage_lock.acquire(timeout=self.priority_wait)
+        try:
+            return call()
+        finally:
+            if acquired:
+                self._storage_lock.release()
+
     # -- group commit -------------------------------------------------------------------------------
     async def _write_loop(self) -> None:
         backoff = 0.05
@@ -317,18 +351,22 @@ class Journal:
             if not self._queue:
                 self._queue_ready.clear()
                 continue
-            # Whole per-run batches, oldest first, up to about `batch_max` events.
+            # Per-run batches, oldest first, up to `commit_limit` events (the last one taken is
+            # split if it goes over: a run's events stay in seq order, each part a queue entry).
             taken: list[list[Event]] = []
             count = 0
-            for events in self._queue:
+            limit = self.commit_limit
+            queue = self._queue
+            while len(taken) < len(queue) and count < limit:
+                if count + len(queue[len(taken)]) > limit:
+                    self._split_entry(len(taken), limit - count)
+                events = queue[len(taken)]
                 taken.append(events)
                 count += len(events)
-                if count >= self.batch_max:
-                    break
             batch = list(chain.from_iterable(taken))
             delivered = True
             try:
-                await self._in_writer(self.storage.append_events, batch)
+                cpu_seconds = await self._in_writer(self._commit, batch)
             except NotOwner:
                 # This instance lost its lease: the runs' new owner ends them; these events are
                 # never stored, and (delivered only once stored) no client saw them.
@@ -350,6 +388,7 @@ class Journal:
                 log.info("journal commits resumed after %d failed attempts", failures)
                 failures = 0
             backoff = 0.05
+            self._adapt_commit_limit(count, cpu_seconds)
             self.batches += 1
             self.last_commit_at = time.monotonic()
             # The taken batches are the queue's head (only this loop pops) and each run's pending head.
@@ -371,6 +410,42 @@ class Journal:
                 self._room.set()
             self._release_flush_waiters()
             self._drop_committed_segments()
+
+    def _commit(self, batch: list[Event]) -> float:
+        """Store one group commit (on the writer thread); returns the thread's CPU seconds for it."""
+        with self._storage_lock:
+            started = time.thread_time()
+            self.storage.append_events(batch)
+            return time.thread_time() - started
+
+    def _split_entry(self, index: int, keep: int) -> None:
+        """Split queue entry `index` after its first `keep` events (at least one), in the queue
+        and in its run's pending batches (where it is the oldest not yet taken: the queue and
+        each run's pending deque hold the same lists in the same order)."""
+        events = self._queue[index]
+        keep = max(keep, 1)
+        if keep >= len(events):
+            return
+        head, rest = events[:keep], events[keep:]
+        self._queue[index] = head
+        self._queue.insert(index + 1, rest)
+        run_pending = self._pending_by_run[events[0].host_run_id]
+        for position, entry in enumerate(run_pending):
+            if entry is events:
+                run_pending[position] = head
+                run_pending.insert(position + 1, rest)
+                break
+
+    def _adapt_commit_limit(self, count: int, seconds: float) -> None:
+        """Size the next commits to take about COMMIT_TARGET_SECONDS of CPU at the rate this one
+        ran (a moving estimate, so one slow commit does not shrink them at once)."""
+        if count < COMMIT_MIN_EVENTS // 2:
+            return  # too small to say how fast storage is
+        fitting = count * COMMIT_TARGET_SECONDS / max(seconds, 1e-6)
+        estimate = int(max(COMMIT_MIN_EVENTS, (self.commit_limit + fitting) / 2))
+        # A power of two: storage splits a batch into statements of power-of-two row counts, and
+        # each statement waits for the GIL again (up to 5 ms while the loop is busy) when it ends.
+        self.commit_limit = min(self.batch_max, 1 << (estimate.bit_length() - 1))
 
     def _release_flush_waiters(self) -> None:
         still = []

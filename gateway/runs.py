@@ -206,16 +206,21 @@ class RunManager:
         key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
         request_hash = canonical_hash(request)
         async with self._creating.hold(key):
-            existing = await self._db(self.storage.find_run_by_request, *key)
-            if existing is not None:  # idempotency first: a repeat is answered whatever the limits
-                return await self._existing(existing, request_hash), False
-            admitted = self._admit(actor_id, request["sessionId"])
+            try:
+                admitted = self._admit(actor_id, request["sessionId"])
+            except AdmissionRefused:
+                existing = await self._db(self.storage.find_run_by_request, *key)
+                if existing is not None:  # idempotency first: a repeat is answered whatever the limits
+                    return await self._existing(existing, request_hash), False
+                raise
             try:
                 run = self._new_run(actor_id, request, request_hash, runtime)
-                try:
-                    await self._db(self.storage.insert_run, run)
-                except RequestConflict as conflict:  # another process took the key
-                    return await self._existing(conflict.existing, request_hash), False
+                # The idempotency look-up and the insert in one worker trip, between two group
+                # commits: a new run's row (and so its first event) never waits behind a busy
+                # stream's commits for SQLite's writer lock.
+                existing = await self.journal.write(self._find_or_insert, key, run)
+                if existing is not None:  # a repeated requestId (or another process took the key)
+                    return await self._existing(existing, request_hash), False
                 self.journal.open_run(run.host_run_id)
                 active = ActiveRun(run, runtime)
                 self._active[run.host_run_id] = active
@@ -227,6 +232,17 @@ class RunManager:
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
+
+    def _find_or_insert(self, key: tuple[str, str, str, str], run: Run) -> Run | None:
+        """The run stored under the request key `key`, or None once `run` is stored (a worker thread)."""
+        existing = self.storage.find_run_by_request(*key)
+        if existing is not None:
+            return existing
+        try:
+            self.storage.insert_run(run)
+        except RequestConflict as conflict:  # another process took the key
+            return conflict.existing
+        return None
 
     async def _create_at(self, instance_id: str, actor_id: str, body: Any) -> tuple[Run, bool]:
         """Have the session's owner (another instance) create the run."""
@@ -309,7 +325,9 @@ class RunManager:
         run.updated_at = now_ms()
         for name, value in fields.items():
             setattr(run, name, value)
-        await self._db(self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields)
+        await self.journal.write(
+            self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields
+        )
         for listener in self.listeners:
             listener(run)
 

@@ -481,3 +481,110 @@ async def test_bus_under_pressure_merges_but_the_journal_keeps_every_event(
     assert len(await journal.read("run_p")) == 501
     assert json.loads(storage.read_events("run_p", 500)[0].wire_json())["kind"] == "run.completed"
     await journal.close()
+
+
+# -- bounded group commits and writes between them ---------------------------------------------------
+
+
+async def test_a_group_commit_is_split_at_its_limit_and_keeps_every_invariant(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    """Publish batches larger than the commit limit are split (each run's events in seq order,
+    no gap, no duplicate), reads mid-way merge the stored and pending parts, and every group
+    commit stays within the limit."""
+    store = GatedStorage(storage)
+    sizes: list[int] = []
+    real_append = store.append_events
+
+    def counting_append(events: Sequence[Event]) -> None:
+        sizes.append(len(events))
+        real_append(events)
+
+    store.append_events = counting_append  # type: ignore[method-assign]
+    journal = Journal(store, Bus(), tmp_path / "spool", batch_max=300)  # type: ignore[arg-type]
+    await journal.start()
+    journal.commit_limit = 70  # as if storage were slow: smaller commits
+    for run in ("run_a", "run_b"):
+        journal.open_run(run)
+    gate = store.hold_writes("before")
+    # Appended without yielding: one publish batch of 250 for run_a, one of 130 for run_b.
+    for i in range(250):
+        journal.append_nowait("run_a", "message.delta", {"text": f"a{i}"})
+    for i in range(130):
+        journal.append_nowait("run_b", "message.delta", {"text": f"b{i}"})
+    journal.publish()
+    assert gate is not None
+    await wait_thread_event(gate.entered)
+    # The commit in progress holds run_a's first 70; everything reads back whole meanwhile.
+    assert seqs(await journal.read("run_a")) == list(range(1, 251))
+    assert seqs(await journal.read("run_a", 100, 10)) == list(range(101, 111))
+    assert seqs(await journal.read("run_b")) == list(range(1, 131))
+    store.hold_writes(None)
+    gate.release.set()
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    assert journal.pending == 0
+    assert sizes[0] == 70
+    assert max(sizes) <= journal.batch_max
+    assert sum(sizes) == 380
+    for run, count, prefix in (("run_a", 250, "a"), ("run_b", 130, "b")):
+        stored = storage.read_events(run)
+        assert seqs(stored) == list(range(1, count + 1))
+        assert [e.payload["text"] for e in stored] == [f"{prefix}{i}" for i in range(count)]
+        assert seqs(await journal.read(run, count - 5)) == list(range(count - 4, count + 1))
+    await journal.close()
+
+
+async def test_the_commit_limit_follows_the_cpu_time_of_commits(storage: PeeweeStorage, tmp_path: Path) -> None:
+    journal = Journal(storage, Bus(), tmp_path / "spool", batch_max=5000)
+    journal._adapt_commit_limit(1000, 0.1)  # 100 ms for 1,000 events: far over the target
+    assert journal.commit_limit < 5000 // 2 + 1000
+    for _ in range(20):
+        journal._adapt_commit_limit(1000, 0.1)
+    assert journal.commit_limit == 256  # never below the floor
+    for _ in range(20):
+        journal._adapt_commit_limit(1000, 0.0001)  # fast storage: back up to batch_max
+    assert journal.commit_limit == 5000
+    journal._adapt_commit_limit(10, 1.0)  # too small a commit to judge by
+    assert journal.commit_limit == 5000
+
+
+async def test_a_run_row_write_goes_between_two_group_commits(gated) -> None:
+    """`write` waits for the commit in progress and goes before the next one; a commit stuck
+    longer than `priority_wait` does not hold it (run rows never wait on a stuck database)."""
+    journal, store = gated
+    journal.open_run("run_w")
+    journal.priority_wait = 0.01
+    gate = store.hold_writes("before")
+    await journal.append("run_w", "message.delta", {"text": "1"})
+    assert gate is not None
+    await wait_thread_event(gate.entered)
+    # The commit in progress is stuck: the write still happens, once the priority wait is over.
+    order: list[str] = []
+    async with asyncio.timeout(WAIT):
+        await journal.write(order.append, "written while stuck")
+    assert order == ["written while stuck"]
+    assert journal.pending == 1  # the stuck commit has not finished
+    store.hold_writes(None)
+    gate.release.set()
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    # A commit in progress that ends: the write runs after it, never during it.
+    journal.priority_wait = WAIT
+    gate = store.hold_writes("after")
+    await journal.append("run_w", "message.delta", {"text": "2"})
+    assert gate is not None
+    await wait_thread_event(gate.entered)
+    held = gate
+
+    def row_write() -> None:
+        order.append("after the commit" if held.release.is_set() else "during the commit")
+
+    write = asyncio.ensure_future(journal.write(row_write))
+    await asyncio.to_thread(lambda: None)  # a worker round trip: the write has a thread meanwhile
+    store.hold_writes(None)
+    gate.release.set()
+    async with asyncio.timeout(WAIT):
+        await write
+    assert order[-1] == "after the commit"
+    assert seqs(store.inner.read_events("run_w")) == [1, 2]
