@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 
 from agent_gateway.models import MERGEABLE_KINDS, Event
@@ -35,14 +34,53 @@ def merge(last: Event, event: Event) -> Event:
     return Event(event.host_run_id, event.seq, event.kind, event.source, payload, event.created_at)
 
 
+class Wakeup:
+    """A flag one task waits on, as `asyncio.Event` but for one waiter and with its future made
+    only while that task waits: an idle stream holds a few slots, not an Event and its deque."""
+
+    __slots__ = ("_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    async def wait(self) -> bool:
+        if self._flag:
+            return True
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+        return True
+
+
 class Subscriber:
+    # Slots: one subscriber per open stream, so per-instance dicts add up (10,000 idle clients).
+    __slots__ = ("buffer", "capacity", "merge_deltas", "merges", "needs_replay", "topic", "wakeup", "write_directly")
+
     def __init__(self, topic: str, capacity: int, merge_deltas: bool = True) -> None:
         self.topic = topic
         self.capacity = capacity
         # False: a full buffer always moves to replay (a client that numbers every event densely)
         self.merge_deltas = merge_deltas
-        self.buffer: deque[Event] = deque()
-        self.wakeup = asyncio.Event()
+        # A list, not a deque: an empty deque already holds a 64-slot block; `take` pops from the
+        # front in one slice deletion per batch instead.
+        self.buffer: list[Event] = []
+        self.wakeup = Wakeup()
         self.needs_replay = False
         self.merges = 0
         # Set by an idle stream writer: writes a published batch itself, or returns False.
@@ -69,8 +107,9 @@ class Subscriber:
             buffer.clear()
             self.wakeup.clear()
             return items
-        popleft = buffer.popleft
-        return [popleft() for _ in range(limit)]
+        items = buffer[:limit]
+        del buffer[:limit]
+        return items
 
 
 class Bus:
