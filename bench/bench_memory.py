@@ -82,8 +82,9 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
         if "mark" in request.query:
             marks[request.query["mark"]] = snapshot
             return web.json_response({"marked": request.query["mark"]})
-        every = snapshot.compare_to(marks[request.query["diff"]], "traceback")
-        stats = every[:20]
+        # `&by=lineno`: grouped by the allocating line; `&top=N`: how many groups.
+        every = snapshot.compare_to(marks[request.query["diff"]], request.query.get("by", "traceback"))
+        stats = every[: int(request.query.get("top", "20"))]
         # `&recent=1`: the innermost frames (what allocated), not the outermost (who started it).
         recent = "recent" in request.query
 
@@ -226,7 +227,11 @@ async def _clients(url: str, pid: int, count: int, trace: bool) -> dict[str, Any
         after = _rss_kb(pid)
         connect_seconds = time.monotonic() - started
         # What the idle streams hold, by traceback (tracing inflates RSS: the KB figure is not it).
-        held = (await (await http.get(url + HEAP_PATH + "?diff=clients&recent=1")).json()) if trace else None
+        held = None
+        if trace:
+            by_traceback = await (await http.get(url + HEAP_PATH + "?diff=clients&recent=1&top=30")).json()
+            by_line = await (await http.get(url + HEAP_PATH + "?diff=clients&by=lineno&top=30")).json()
+            held = {"by_traceback": by_traceback, "by_line": by_line}
         async with http.get(url + "/metrics") as response:
             streams = [
                 line for line in (await response.text()).splitlines() if line.startswith("agent_gateway_streams_open")

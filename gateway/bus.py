@@ -36,7 +36,8 @@ def merge(last: Event, event: Event) -> Event:
 
 class Wakeup:
     """A flag one task waits on, as `asyncio.Event` but for one waiter and with its future made
-    only while that task waits: an idle stream holds a few slots, not an Event and its deque."""
+    only while that task waits: an idle stream holds a few slots and one future, not an Event
+    with its deque and a coroutine frame."""
 
     __slots__ = ("_flag", "_waiter")
 
@@ -51,21 +52,23 @@ class Wakeup:
         if not self._flag:
             self._flag = True
             waiter = self._waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            if waiter is not None:
+                self._waiter = None
+                if not waiter.done():  # (cancelled if the waiting task was)
+                    waiter.set_result(None)
 
     def clear(self) -> None:
         self._flag = False
 
-    async def wait(self) -> bool:
+    def wait(self) -> asyncio.Future[None]:
+        """A future done once the flag is set (at once if it is). A plain future, not a
+        coroutine: awaiting it holds no frame."""
+        waiter = asyncio.get_running_loop().create_future()
         if self._flag:
-            return True
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
-        return True
+            waiter.set_result(None)
+        else:
+            self._waiter = waiter
+        return waiter
 
 
 class Subscriber:

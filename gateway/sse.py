@@ -171,10 +171,11 @@ class RunStream:
     then the live tail of its bus subscription, until the topic's terminal event or the client
     leaves.
 
-    Each step of `run` gets the next batch (`_replay_page`, or `_tail` once replay caught up) and
-    `_send`s it. While the writer waits with nothing buffered, `publish` may write a batch straight
-    to the socket (`_write_directly`). The heartbeat (`StreamStats`' shared timer) wakes the
-    writer to check that the peer is still there and to write a ping comment."""
+    Each step of `run` gets the next batch (`_replay_page`, or `_take` from the buffer once replay
+    caught up, waiting when it is empty) and `_send`s it. While the writer waits with nothing
+    buffered, `publish` may write a batch straight to the socket (`_write_directly`). The
+    heartbeat (`StreamStats`' shared timer) wakes the writer to check that the peer is still there
+    and to write a ping comment."""
 
     # Slots: one instance per open stream, so per-instance dicts add up (10,000 idle clients).
     __slots__ = (
@@ -281,13 +282,24 @@ class RunStream:
         self._stats._opened(self)
         try:
             await self.open()
+            subscriber = self._subscriber
             while True:
-                if self._stopping and (self._replaying or self._subscriber.needs_replay):
-                    break  # behind the live tail: the client resumes from the journal
-                if self._replaying or self._subscriber.needs_replay:
+                if self._replaying or subscriber.needs_replay:
+                    if self._stopping:
+                        break  # behind the live tail: the client resumes from the journal
                     events = await self._replay_page()
+                elif subscriber.buffer:
+                    events = self._take()
+                elif self._stopping or not await self._idle():
+                    break
                 else:
-                    events = await self._tail()
+                    # Waited here, not in a helper coroutine: an idle stream's chain of frames is
+                    # one of the larger things it holds.
+                    await self._wakeup.wait()
+                    subscriber.write_directly = None
+                    if self._finished or (self._stopping and not subscriber.buffer):
+                        break  # a direct write delivered the terminal event, or the gateway stops
+                    continue
                 if events is None:
                     break
                 ended = bool(events) and await self._send(events)
@@ -333,13 +345,10 @@ class RunStream:
             return None
         return events
 
-    async def _tail(self) -> list[Event] | None:
-        """The next batch from the subscription's buffer, waiting for one if it is empty (then
-        returns [] to go round again); None when the stream is over."""
-        subscriber = self._subscriber
-        if not subscriber.buffer:
-            return None if self._stopping else await self._wait()
-        taken = subscriber.take(WRITE_BATCH)
+    def _take(self) -> list[Event] | None:
+        """The next batch from the subscription's (non-empty) buffer; None when the stream is
+        over."""
+        taken = self._subscriber.take(WRITE_BATCH)
         if taken and taken[0].seq <= self._last:  # seqs increase: only a head can be stale
             events = [e for e in taken if e.seq > self._last]
             if not events and taken[-1].is_terminal:
@@ -347,27 +356,23 @@ class RunStream:
             return events
         return taken
 
-    async def _wait(self) -> list[Event] | None:
-        """Wait for a publish or a heartbeat. Meanwhile `publish` may write to the socket directly;
-        None if the client left or a direct write delivered the terminal event."""
+    async def _idle(self) -> bool:
+        """Before the writer waits for a publish or a heartbeat with nothing buffered: after a
+        heartbeat, check the peer and ping it. False if the client left. Then, while the writer
+        waits, `publish` may write to the socket directly."""
         if self._beat:  # a heartbeat period went by with nothing to send
             self._beat = False
             self._wakeup.clear()
             transport = self._transport
             if transport is None or transport.is_closing():
-                return None
+                return False
             # A comment keeps proxies from timing the connection out, and a write to a vanished
             # peer fails within the send timeout (TCP_USER_TIMEOUT), ending the stream.
             async with asyncio.timeout(self._send_timeout):
                 await self._response.write(PING_COMMENT)
-            if self._wakeup.is_set():
-                return []  # something came while the ping was written
-        subscriber = self._subscriber
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
-            subscriber.write_directly = self._write_directly
-        await self._wakeup.wait()
-        subscriber.write_directly = None
-        return None if self._finished or (self._stopping and not subscriber.buffer) else []
+            self._subscriber.write_directly = self._write_directly
+        return True
 
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
