@@ -12,7 +12,8 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
   RSS is not the figure) and the report lists the source lines whose memory grew most between
   the baseline and the end.
 - clients: one run whose upstream never answers, and `--clients` idle SSE streams of it; the RSS
-  they add over the number of clients (goal: 10 KB each). The file-descriptor limits of the
+  they add over the number of clients (goal: 10 KB each); with `--tracemalloc`, what they hold by
+  traceback. The file-descriptor limits of the
   gateway and of this process are raised to their hard limits.
 """
 
@@ -81,17 +82,26 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
         if "mark" in request.query:
             marks[request.query["mark"]] = snapshot
             return web.json_response({"marked": request.query["mark"]})
-        stats = snapshot.compare_to(marks[request.query["diff"]], "traceback")[:12]
+        # `&by=lineno`: grouped by the allocating line; `&top=N`: how many groups.
+        every = snapshot.compare_to(marks[request.query["diff"]], request.query.get("by", "traceback"))
+        stats = every[: int(request.query.get("top", "20"))]
+        # `&recent=1`: the innermost frames (what allocated), not the outermost (who started it).
+        recent = "recent" in request.query
+
+        def frames(traceback: tracemalloc.Traceback) -> list[tracemalloc.Frame]:
+            return list(traceback)[-4:] if recent else list(traceback)[:4]
+
         top = [
             {
                 "size_diff_kb": round(stat.size_diff / 1024, 1),
                 "count_diff": stat.count_diff,
-                "at": [f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno}" for frame in stat.traceback[:4]],
+                "at": [f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno}" for frame in frames(stat.traceback)],
             }
             for stat in stats
         ]
         traced, _peak = tracemalloc.get_traced_memory()
-        return web.json_response({"traced_kb": traced // 1024, "top": top})
+        grew_kb = round(sum(stat.size_diff for stat in every) / 1024, 1)
+        return web.json_response({"traced_kb": traced // 1024, "grew_kb": grew_kb, "top": top})
 
     app.router.add_get(HEAP_PATH, heap)
     runner = web.AppRunner(app, access_log=None)
@@ -199,7 +209,7 @@ async def _idle_client(host: str, port: int, path: str) -> asyncio.StreamWriter:
     return writer
 
 
-async def _clients(url: str, pid: int, count: int) -> dict[str, Any]:
+async def _clients(url: str, pid: int, count: int, trace: bool) -> dict[str, Any]:
     host, port = url.removeprefix("http://").split(":")
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         async with http.post(url + "/v1/runs", json=_body("hang")) as created:
@@ -207,6 +217,8 @@ async def _clients(url: str, pid: int, count: int) -> dict[str, Any]:
         path = f"/v1/runs/{run_id}/stream"
         # One stream first: the code paths of a stream are warm before the baseline.
         writers = [await _idle_client(host, int(port), path)]
+        if trace:
+            await (await http.get(url + HEAP_PATH + "?mark=clients")).read()
         before = _rss_kb(pid)
         started = time.monotonic()
         for first in range(1, count, 500):  # 500 connections at a time
@@ -214,6 +226,12 @@ async def _clients(url: str, pid: int, count: int) -> dict[str, Any]:
             writers += await asyncio.gather(*batch)
         after = _rss_kb(pid)
         connect_seconds = time.monotonic() - started
+        # What the idle streams hold, by traceback (tracing inflates RSS: the KB figure is not it).
+        held = None
+        if trace:
+            by_traceback = await (await http.get(url + HEAP_PATH + "?diff=clients&recent=1&top=30")).json()
+            by_line = await (await http.get(url + HEAP_PATH + "?diff=clients&by=lineno&top=30")).json()
+            held = {"by_traceback": by_traceback, "by_line": by_line}
         async with http.get(url + "/metrics") as response:
             streams = [
                 line for line in (await response.text()).splitlines() if line.startswith("agent_gateway_streams_open")
@@ -229,6 +247,7 @@ async def _clients(url: str, pid: int, count: int) -> dict[str, Any]:
         "rss_mb_before": round(before / 1024, 1),
         "rss_mb_with_clients": round(after / 1024, 1),
         "kb_per_client": round((after - before) / (count - 1), 2),
+        **({"tracemalloc_held": held} if held is not None else {}),
     }
 
 
@@ -264,7 +283,7 @@ def main() -> None:
                 if args.runs:
                     report["runs"] = asyncio.run(_runs(url, gateway.pid, args.runs, args.deltas, args.tracemalloc))
                 if args.clients:
-                    report["idle_clients"] = asyncio.run(_clients(url, gateway.pid, args.clients))
+                    report["idle_clients"] = asyncio.run(_clients(url, gateway.pid, args.clients, args.tracemalloc))
                 print(json.dumps(report, indent=1))
             finally:
                 gateway.terminate()

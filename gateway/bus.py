@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 
 from agent_gateway.models import MERGEABLE_KINDS, Event
@@ -35,14 +34,56 @@ def merge(last: Event, event: Event) -> Event:
     return Event(event.host_run_id, event.seq, event.kind, event.source, payload, event.created_at)
 
 
+class Wakeup:
+    """A flag one task waits on, as `asyncio.Event` but for one waiter and with its future made
+    only while that task waits: an idle stream holds a few slots and one future, not an Event
+    with its deque and a coroutine frame."""
+
+    __slots__ = ("_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            waiter = self._waiter
+            if waiter is not None:
+                self._waiter = None
+                if not waiter.done():  # (cancelled if the waiting task was)
+                    waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def wait(self) -> asyncio.Future[None]:
+        """A future done once the flag is set (at once if it is). A plain future, not a
+        coroutine: awaiting it holds no frame."""
+        waiter = asyncio.get_running_loop().create_future()
+        if self._flag:
+            waiter.set_result(None)
+        else:
+            self._waiter = waiter
+        return waiter
+
+
 class Subscriber:
+    # Slots: one subscriber per open stream, so per-instance dicts add up (10,000 idle clients).
+    __slots__ = ("buffer", "capacity", "merge_deltas", "merges", "needs_replay", "topic", "wakeup", "write_directly")
+
     def __init__(self, topic: str, capacity: int, merge_deltas: bool = True) -> None:
         self.topic = topic
         self.capacity = capacity
         # False: a full buffer always moves to replay (a client that numbers every event densely)
         self.merge_deltas = merge_deltas
-        self.buffer: deque[Event] = deque()
-        self.wakeup = asyncio.Event()
+        # A list, not a deque: an empty deque already holds a 64-slot block; `take` pops from the
+        # front in one slice deletion per batch instead.
+        self.buffer: list[Event] = []
+        self.wakeup = Wakeup()
         self.needs_replay = False
         self.merges = 0
         # Set by an idle stream writer: writes a published batch itself, or returns False.
@@ -69,8 +110,9 @@ class Subscriber:
             buffer.clear()
             self.wakeup.clear()
             return items
-        popleft = buffer.popleft
-        return [popleft() for _ in range(limit)]
+        items = buffer[:limit]
+        del buffer[:limit]
+        return items
 
 
 class Bus:

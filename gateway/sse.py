@@ -5,17 +5,21 @@ with a run share one encoding of each batch). A client that falls behind its buf
 back to replay from the journal. The response headers go out with a first comment as the stream
 opens; a client that stops reading is cut off after the send timeout; at shutdown
 (`StreamStats.stop_all`) every stream writes what it has buffered and ends.
+
+An idle stream costs little (10,000 of them on one instance): no task or timer of its own besides
+its handler task. One heartbeat timer per period wakes every open stream; an idle one then checks
+its socket and writes a ping comment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+import socket
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
-from aiohttp_sse import EventSourceResponse
 
 from agent_gateway.bus import Bus
 from agent_gateway.http_server import JsonErrorRequestHandler
@@ -27,6 +31,52 @@ REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short 
 WRITE_BATCH = 256
 SEND_TIMEOUT = 60.0  # default of [gateway] stream_send_timeout_seconds
 OPENING_COMMENT = b": stream open\n\n"
+PING_COMMENT = b": ping\r\n\r\n"
+_TCP_USER_TIMEOUT: int | None = getattr(socket, "TCP_USER_TIMEOUT", None)  # Linux only
+
+
+class EventStreamResponse(web.StreamResponse):
+    """A `text/event-stream` response with the headers proxies and browsers need. HTTP/1.1 bodies
+    go out chunked (aiohttp's default for a body of unknown length). The kernel is asked to drop
+    the connection when written data stays unacknowledged for the send timeout, so a vanished peer
+    is found by the next write (a ping) even while the socket buffers still have room. Pings are
+    written by `RunStream`'s heartbeat: this response starts no task of its own."""
+
+    def __init__(
+        self, *, status: int = 200, headers: Mapping[str, str] | None = None, send_timeout: float = SEND_TIMEOUT
+    ) -> None:
+        super().__init__(status=status)
+        if headers is not None:
+            self.headers.extend(headers)
+        self.headers[hdrs.CONTENT_TYPE] = "text/event-stream"
+        self.headers[hdrs.CACHE_CONTROL] = "no-cache"
+        self.headers[hdrs.CONNECTION] = "keep-alive"
+        self.headers["X-Accel-Buffering"] = "no"  # nginx: pass each write on, do not buffer the stream
+        self._send_timeout = send_timeout
+        self._tcp_socket: socket.socket | None = None
+        self._saved_user_timeout = 0
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        if not self.prepared:
+            self._set_user_timeout(request)
+        return await super().prepare(request)
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        await super().write_eof(data)
+        sock = self._tcp_socket
+        if sock is not None and _TCP_USER_TIMEOUT is not None and sock.fileno() >= 0:
+            # The connection may serve further requests: give it back its own setting.
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT, self._saved_user_timeout)
+        self._tcp_socket = None
+
+    def _set_user_timeout(self, request: web.BaseRequest) -> None:
+        transport = request.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if _TCP_USER_TIMEOUT is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        self._saved_user_timeout = sock.getsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT, int(self._send_timeout * 1000))
+        self._tcp_socket = sock
 
 
 def encode_events(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:
@@ -58,6 +108,10 @@ class StreamStats:
         self.open_streams = 0
         self.streams: set[RunStream] = set()  # the open ones, for shutdown
         self._none_open: asyncio.Event | None = None
+        # Per heartbeat period, the open streams with it and the one timer that wakes them all
+        # (a timer per stream is a TimerHandle and a heap entry per idle client).
+        self._beating: dict[float, set[RunStream]] = {}
+        self._beat_timers: dict[float, asyncio.TimerHandle] = {}
 
     def stop_all(self, keep: Callable[[str], bool] = lambda topic: False) -> None:
         """Ask every open stream whose topic `keep` does not want to end (after writing what it has
@@ -81,12 +135,35 @@ class StreamStats:
         self.streams.add(stream)
         if self._none_open is not None:
             self._none_open.clear()
+        period = stream.heartbeat
+        group = self._beating.get(period)
+        if group is None:
+            group = self._beating[period] = set()
+            self._beat_timers[period] = asyncio.get_running_loop().call_later(period, self._beat, period)
+        group.add(stream)
 
     def _closed(self, stream: RunStream) -> None:
         self.open_streams -= 1
         self.streams.discard(stream)
         if not self.streams and self._none_open is not None:
             self._none_open.set()
+        period = stream.heartbeat
+        group = self._beating.get(period)
+        if group is not None:
+            group.discard(stream)
+            if not group:
+                del self._beating[period]
+                self._beat_timers.pop(period).cancel()
+
+    def _beat(self, period: float) -> None:
+        """A heartbeat period went by: wake every open stream with that period. A stream opened
+        just before hears its first beat early, which only means an early ping."""
+        group = self._beating.get(period)
+        if not group:
+            return
+        for stream in group:
+            stream.beat()
+        self._beat_timers[period] = asyncio.get_running_loop().call_later(period, self._beat, period)
 
 
 class RunStream:
@@ -94,15 +171,46 @@ class RunStream:
     then the live tail of its bus subscription, until the topic's terminal event or the client
     leaves.
 
-    Each step of `run` gets the next batch (`_replay_page`, or `_tail` once replay caught up) and
-    `_send`s it. While the writer waits with nothing buffered, `publish` may write a batch straight
-    to the socket (`_write_directly`). A heartbeat timer wakes the writer to check that the peer is
-    still there."""
+    Each step of `run` gets the next batch (`_replay_page`, or `_take` from the buffer once replay
+    caught up, waiting when it is empty) and `_send`s it. While the writer waits with nothing
+    buffered, `publish` may write a batch straight to the socket (`_write_directly`). The
+    heartbeat (`StreamStats`' shared timer) wakes the writer to check that the peer is still there
+    and to write a ping comment."""
+
+    # Slots: one instance per open stream, so per-instance dicts add up (10,000 idle clients).
+    __slots__ = (
+        "_after_seq",
+        "_beat",
+        "_bus",
+        "_can_write_directly",
+        "_chunked",
+        "_encode",
+        "_finished",
+        "_high_water",
+        "_is_finished",
+        "_journal",
+        "_last",
+        "_prelude",
+        "_project",
+        "_protocol",
+        "_replaying",
+        "_response",
+        "_send_timeout",
+        "_sent",
+        "_stats",
+        "_stopping",
+        "_subscriber",
+        "_topic",
+        "_transport",
+        "_wakeup",
+        "heartbeat",
+        "topic",
+    )
 
     def __init__(
         self,
         request: web.Request,
-        response: EventSourceResponse,
+        response: web.StreamResponse,
         *,
         topic: str,
         journal: Journal,
@@ -124,7 +232,7 @@ class RunStream:
         self._bus = bus
         self._after_seq = after_seq
         self._is_finished = is_finished
-        self._heartbeat = heartbeat
+        self.heartbeat = heartbeat
         self._stats = stats
         self._project = project
         self._encode = encode
@@ -137,15 +245,13 @@ class RunStream:
         self._wakeup = self._subscriber.wakeup
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
-        self._chunked = "chunked" in response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
+        self._chunked = False  # known once the response is prepared
         # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
         # uncompressed) streams.
         self._can_write_directly = (
             project is None and encode is None and transport is not None and not response.compression
         )
-        self._loop = asyncio.get_running_loop()
         self._beat = False  # a heartbeat period went by
-        self._beat_handle: asyncio.TimerHandle | None = None
         self._last = after_seq  # the seq of the last event the client was sent
         self._replaying = True  # reading the journal page by page, until a page comes back short
         self._sent = False  # something was written (so the response headers are out)
@@ -167,21 +273,46 @@ class RunStream:
             await self._response.write(OPENING_COMMENT + self._prelude)
         self._sent = True
 
-    async def run(self) -> None:
-        self._beat_handle = self._loop.call_later(self._heartbeat, self._on_beat)
+    def beat(self) -> None:
+        """A heartbeat period went by: wake the writer to check the peer (and ping it if idle)."""
+        self._beat = True
+        self._wakeup.set()
+
+    async def run(self, request: web.Request) -> web.StreamResponse:
+        """Prepare the response, stream, and end it; the response, for the handler to return.
+        Subscribed already (in `__init__`): nothing published meanwhile is missed."""
+        try:
+            await self._response.prepare(request)
+        except BaseException:
+            self._leave()
+            raise
+        self._chunked = "chunked" in self._response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
         self._stats._opened(self)
         try:
             await self.open()
+            subscriber = self._subscriber
             while True:
-                if self._stopping and (self._replaying or self._subscriber.needs_replay):
-                    break  # behind the live tail: the client resumes from the journal
-                if self._replaying or self._subscriber.needs_replay:
+                if self._replaying or subscriber.needs_replay:
+                    if self._stopping:
+                        break  # behind the live tail: the client resumes from the journal
                     events = await self._replay_page()
+                elif subscriber.buffer:
+                    events = self._take()
+                elif self._stopping or not await self._idle():
+                    break
                 else:
-                    events = await self._tail()
+                    # Waited here, not in a helper coroutine: an idle stream's chain of frames is
+                    # one of the larger things it holds.
+                    await self._wakeup.wait()
+                    subscriber.write_directly = None
+                    if self._finished or (self._stopping and not subscriber.buffer):
+                        break  # a direct write delivered the terminal event, or the gateway stops
+                    continue
                 if events is None:
                     break
-                if events and await self._send(events):
+                ended = bool(events) and await self._send(events)
+                events = None  # an idle stream must not hold its last batch (and their frames) while it waits
+                if ended:
                     break
         except ConnectionResetError:
             pass  # the client went away; it resumes with Last-Event-ID
@@ -193,26 +324,21 @@ class RunStream:
         finally:
             self._close()
         try:
-            self._response.stop_streaming()
             await self._response.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
+        return self._response
 
     def _close(self) -> None:
-        """Stop the heartbeat and leave the bus (counting this subscription's merges)."""
-        if self._beat_handle is not None:
-            self._beat_handle.cancel()
-        if self._protocol is not None and self._protocol.on_connection_lost == self.stop:
-            self._protocol.on_connection_lost = None
+        """Leave the heartbeat and the bus (counting this subscription's merges)."""
+        self._leave()
         self._stats.merges += self._subscriber.merges
-        self._bus.unsubscribe(self._subscriber)
         self._stats._closed(self)
 
-    def _on_beat(self) -> None:
-        """One timer per stream (not one per wait), waking the writer to check the peer."""
-        self._beat = True
-        self._wakeup.set()
-        self._beat_handle = self._loop.call_later(self._heartbeat, self._on_beat)
+    def _leave(self) -> None:
+        if self._protocol is not None and self._protocol.on_connection_lost == self.stop:
+            self._protocol.on_connection_lost = None
+        self._bus.unsubscribe(self._subscriber)
 
     async def _replay_page(self) -> list[Event] | None:
         """The next page from the journal after the last seq sent; None once a finished topic has
@@ -231,13 +357,10 @@ class RunStream:
             return None
         return events
 
-    async def _tail(self) -> list[Event] | None:
-        """The next batch from the subscription's buffer, waiting for one if it is empty (then
-        returns [] to go round again); None when the stream is over."""
-        subscriber = self._subscriber
-        if not subscriber.buffer:
-            return None if self._stopping else await self._wait()
-        taken = subscriber.take(WRITE_BATCH)
+    def _take(self) -> list[Event] | None:
+        """The next batch from the subscription's (non-empty) buffer; None when the stream is
+        over."""
+        taken = self._subscriber.take(WRITE_BATCH)
         if taken and taken[0].seq <= self._last:  # seqs increase: only a head can be stale
             events = [e for e in taken if e.seq > self._last]
             if not events and taken[-1].is_terminal:
@@ -245,22 +368,23 @@ class RunStream:
             return events
         return taken
 
-    async def _wait(self) -> list[Event] | None:
-        """Wait for a publish or a heartbeat. Meanwhile `publish` may write to the socket directly;
-        None if the client left or a direct write delivered the terminal event."""
+    async def _idle(self) -> bool:
+        """Before the writer waits for a publish or a heartbeat with nothing buffered: after a
+        heartbeat, check the peer and ping it. False if the client left. Then, while the writer
+        waits, `publish` may write to the socket directly."""
         if self._beat:  # a heartbeat period went by with nothing to send
             self._beat = False
             self._wakeup.clear()
-            # Ask the socket, not aiohttp-sse's ping task (whose end is not always a lost peer).
             transport = self._transport
             if transport is None or transport.is_closing():
-                return None
-        subscriber = self._subscriber
+                return False
+            # A comment keeps proxies from timing the connection out, and a write to a vanished
+            # peer fails within the send timeout (TCP_USER_TIMEOUT), ending the stream.
+            async with asyncio.timeout(self._send_timeout):
+                await self._response.write(PING_COMMENT)
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
-            subscriber.write_directly = self._write_directly
-        await self._wakeup.wait()
-        subscriber.write_directly = None
-        return None if self._finished or (self._stopping and not subscriber.buffer) else []
+            self._subscriber.write_directly = self._write_directly
+        return True
 
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
@@ -312,7 +436,7 @@ class RunStream:
         return True
 
 
-async def stream_run(
+def stream_run(
     request: web.Request,
     *,
     status: int = 200,
@@ -330,7 +454,7 @@ async def stream_run(
     prelude: bytes = b"",
     headers: Mapping[str, str] | None = None,
     merge_deltas: bool = True,
-) -> web.StreamResponse:
+) -> Coroutine[Any, Any, web.StreamResponse]:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
@@ -343,16 +467,12 @@ async def stream_run(
     replayed from the journal instead (an encoder that numbers every journal event).
     A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
     stream and drops the connection.
+
+    Await the result (`return await stream_run(...)`): not a coroutine function itself, so a
+    waiting stream holds no frame of it (10,000 idle clients), only `RunStream.run`'s.
     """
-    response = EventSourceResponse(
-        status=status,
-        headers=headers,
-        allow_all_methods=True,  # a POST may answer with a stream (create-and-stream, other protocols)
-        ping_interval=max(heartbeat, 0.1),
-        send_timeout=send_timeout,
-    )
-    response.headers["X-Accel-Buffering"] = "no"
-    await response.prepare(request)
+    # Any method may answer with a stream (a POST for create-and-stream and other protocols).
+    response = EventStreamResponse(status=status, headers=headers, send_timeout=send_timeout)
     stream = RunStream(
         request,
         response,
@@ -362,7 +482,7 @@ async def stream_run(
         after_seq=after_seq,
         is_finished=is_finished,
         capacity=capacity,
-        heartbeat=heartbeat,
+        heartbeat=max(heartbeat, 0.1),
         stats=stats,
         project=project,
         send_timeout=send_timeout,
@@ -370,5 +490,4 @@ async def stream_run(
         prelude=prelude,
         merge_deltas=merge_deltas,
     )
-    await stream.run()
-    return response
+    return stream.run(request)
