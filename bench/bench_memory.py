@@ -8,6 +8,8 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
 - runs: `--runs` runs one after another, each in a new session and read to its end by one
   create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
   gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB).
+  The gateway process re-executes itself with `PYTHONMALLOC=malloc` as `agent-gateway serve`
+  does; `--gateway-env PYTHONMALLOC=pymalloc` measures Python's own allocator instead.
   With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
   RSS is not the figure) and the report lists the source lines whose memory grew most between
   the baseline and the end.
@@ -248,19 +250,32 @@ def main() -> None:
     parser.add_argument("--deltas", type=int, default=20_000)
     parser.add_argument("--clients", type=int, default=10_000, help="idle SSE clients (0: skip)")
     parser.add_argument("--tracemalloc", action="store_true", help="trace the gateway's allocations")
+    parser.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the gateway process only (e.g. PYTHONMALLOC=pymalloc); repeatable",
+    )
     parser.add_argument("--serve", nargs=2, metavar=("DATA_DIR", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     _raise_fd_limit()
     if args.serve:
+        from agent_gateway.allocator import reexec_with_system_malloc
+
+        reexec_with_system_malloc()  # as `agent-gateway serve` does (`--gateway-env PYTHONMALLOC=pymalloc`: not)
         asyncio.run(_serve(args.serve[0], args.serve[1], args.tracemalloc))
         return
     upstream, base_url = _start([sys.executable, str(ROOT / "bench" / "bench_fairness.py"), "--upstream"], ENV)
     try:
         with tempfile.TemporaryDirectory() as data_dir:
             command = [sys.executable, __file__, "--serve", data_dir, base_url]
-            gateway, url = _start(command + (["--tracemalloc"] if args.tracemalloc else []), ENV)
+            gateway_env = {**ENV, **dict(item.split("=", 1) for item in args.gateway_env)}
+            gateway, url = _start(command + (["--tracemalloc"] if args.tracemalloc else []), gateway_env)
             try:
-                report: dict[str, Any] = {"load": load()}
+                environ = Path(f"/proc/{gateway.pid}/environ").read_bytes().split(b"\0")
+                allocator = next((item[12:].decode() for item in environ if item.startswith(b"PYTHONMALLOC=")), "")
+                report: dict[str, Any] = {"load": load(), "gateway_pythonmalloc": allocator or "(default: pymalloc)"}
                 if args.runs:
                     report["runs"] = asyncio.run(_runs(url, gateway.pid, args.runs, args.deltas, args.tracemalloc))
                 if args.clients:

@@ -4,7 +4,14 @@ A run of 20,000 deltas allocates and frees tens of megabytes across the loop and
 threads. glibc keeps freed pages in its arenas, fragmented, so RSS climbed run after run (from
 129 to 369 MB over 1,000 runs in `bench/bench_memory.py`) though the Python heap did not grow
 (tracemalloc: flat). `malloc_trim(0)` returns those pages; it runs on a worker thread (ctypes
-releases the GIL), at most once per `TRIM_EVERY` seconds, after a run ends.
+releases the GIL), at most once per `TRIM_EVERY` seconds, after a run ends, right after a full
+garbage collection on the loop.
+
+The trim can only return what glibc holds. Python's own small-object allocator (pymalloc) keeps
+its 1 MB arenas until every object in one is freed, and a few long-lived objects made during a
+run pin an arena each, so with it RSS still climbed. `agent-gateway serve` therefore re-executes
+itself once with `PYTHONMALLOC=malloc` (every object from glibc, whose freed pages the trim
+returns); setting `PYTHONMALLOC` yourself (e.g. `PYTHONMALLOC=pymalloc`) keeps your choice.
 """
 
 from __future__ import annotations
@@ -12,7 +19,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -20,7 +30,7 @@ from typing import Any
 
 log = logging.getLogger("agent_gateway.allocator")
 
-TRIM_EVERY = 5.0  # seconds; a trim of a few hundred MB of heap takes milliseconds
+TRIM_EVERY = 5.0  # seconds; a collection and a trim take a few milliseconds each
 
 
 def _find_malloc_trim() -> Callable[[int], Any] | None:
@@ -34,6 +44,21 @@ def _find_malloc_trim() -> Callable[[int], Any] | None:
     return trim
 
 
+SYSTEM_MALLOC = "malloc"
+
+
+def reexec_with_system_malloc() -> None:
+    """Replace this process (same pid, same arguments) with one whose objects come from glibc's
+    malloc, unless `PYTHONMALLOC` is already set (the opt-out, and what stops a second exec), the
+    interpreter ignores the environment (it would never see the setting), or there is no glibc
+    trim to give the memory back. Call it before anything starts: threads and sockets are lost."""
+    if "PYTHONMALLOC" in os.environ or sys.flags.ignore_environment or not sys.executable:
+        return
+    if _find_malloc_trim() is None:
+        return
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "PYTHONMALLOC": SYSTEM_MALLOC})
+
+
 class HeapTrimmer:
     def __init__(self, executor: Executor | None) -> None:
         self._trim = _find_malloc_trim()
@@ -41,6 +66,7 @@ class HeapTrimmer:
         self._last = 0.0
         self._running: asyncio.Future[Any] | None = None
         self.trims = 0
+        self.collected = 0  # unreachable objects the collections before trims found
 
     def after_run(self, run: Any) -> None:
         """A run listener: trim once a run has ended, unless a trim ran in the last TRIM_EVERY s."""
@@ -50,6 +76,11 @@ class HeapTrimmer:
         if now - self._last < TRIM_EVERY or (self._running is not None and not self._running.done()):
             return
         self._last = now
+        # Cycles freed by the run wait for a full collection, which the serving GC thresholds make
+        # rare, and each can hold a run's buffers: collect first, or the trim finds them in use.
+        started = time.perf_counter()
+        self.collected += gc.collect()
+        log.debug("collected garbage in %.1f ms before the trim", 1000 * (time.perf_counter() - started))
         self._running = asyncio.get_running_loop().run_in_executor(self._executor, self._trim, 0)
         self._running.add_done_callback(self._done)
 
