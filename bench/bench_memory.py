@@ -8,8 +8,8 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
 - runs: `--runs` runs one after another, each in a new session and read to its end by one
   create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
   gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB).
-  The gateway process re-executes itself with `PYTHONMALLOC=malloc` as `agent-gateway serve`
-  does; `--gateway-env PYTHONMALLOC=pymalloc` measures Python's own allocator instead.
+  `--gateway-env KEY=VALUE` sets the gateway process's environment (allocator experiments:
+  `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`).
   With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
   RSS is not the figure) and the report lists the source lines whose memory grew most between
   the baseline and the end.
@@ -164,6 +164,7 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
             if number == min(10, runs):
                 baseline = _rss_kb(pid)
                 samples.append((number, baseline))
+                print(json.dumps({"run": number, "rss_mb": round(baseline / 1024, 1)}), flush=True)
                 if trace:
                     heap["first_10_runs_left"] = await (await http.get(url + HEAP_PATH + "?diff=start")).json()
                     await (await http.get(url + HEAP_PATH + "?mark=baseline")).read()
@@ -261,9 +262,6 @@ def main() -> None:
     args = parser.parse_args()
     _raise_fd_limit()
     if args.serve:
-        from agent_gateway.allocator import reexec_with_system_malloc
-
-        reexec_with_system_malloc()  # as `agent-gateway serve` does (`--gateway-env PYTHONMALLOC=pymalloc`: not)
         asyncio.run(_serve(args.serve[0], args.serve[1], args.tracemalloc))
         return
     upstream, base_url = _start([sys.executable, str(ROOT / "bench" / "bench_fairness.py"), "--upstream"], ENV)

@@ -7,11 +7,10 @@ threads. glibc keeps freed pages in its arenas, fragmented, so RSS climbed run a
 releases the GIL), at most once per `TRIM_EVERY` seconds, after a run ends, right after a full
 garbage collection on the loop.
 
-The trim can only return what glibc holds. Python's own small-object allocator (pymalloc) keeps
-its 1 MB arenas until every object in one is freed, and a few long-lived objects made during a
-run pin an arena each, so with it RSS still climbed. `agent-gateway serve` therefore re-executes
-itself once with `PYTHONMALLOC=malloc` (every object from glibc, whose freed pages the trim
-returns); setting `PYTHONMALLOC` yourself (e.g. `PYTHONMALLOC=pymalloc`) keeps your choice.
+Cycles freed by a run wait for a full collection, which the serving GC thresholds
+(`tune_gc_for_serving`) make rare; each can hold a run's buffers and pin the allocator's pages, so
+a full `gc.collect()` on the loop comes right before each trim (3-14 ms, measured under load).
+Serving with `PYTHONMALLOC=malloc` was measured too and settled worse (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ import ctypes
 import ctypes.util
 import gc
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -42,21 +39,6 @@ def _find_malloc_trim() -> Callable[[int], Any] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim
-
-
-SYSTEM_MALLOC = "malloc"
-
-
-def reexec_with_system_malloc() -> None:
-    """Replace this process (same pid, same arguments) with one whose objects come from glibc's
-    malloc, unless `PYTHONMALLOC` is already set (the opt-out, and what stops a second exec), the
-    interpreter ignores the environment (it would never see the setting), or there is no glibc
-    trim to give the memory back. Call it before anything starts: threads and sockets are lost."""
-    if "PYTHONMALLOC" in os.environ or sys.flags.ignore_environment or not sys.executable:
-        return
-    if _find_malloc_trim() is None:
-        return
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "PYTHONMALLOC": SYSTEM_MALLOC})
 
 
 class HeapTrimmer:

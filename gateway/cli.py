@@ -18,7 +18,6 @@ import aiohttp
 import click
 from aiohttp import web
 
-from agent_gateway.allocator import reexec_with_system_malloc
 from agent_gateway.app import GATEWAY_KEY, StartupError, create_app, is_loopback
 from agent_gateway.config import Config, ConfigError, redact_url, section_specs_from_hook
 from agent_gateway.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
@@ -468,8 +467,6 @@ def _masked(value: Any, key: str = "") -> Any:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["serve"]:
-        reexec_with_system_malloc()  # before plugins load: the new process starts from scratch
     try:
         host = PluginHost.load()
         host.register_commands(cli)

@@ -191,30 +191,3 @@ async def test_storage_that_cannot_be_opened_is_one_line(tmp_path: Path) -> None
     env = clean_env(tmp_path, AGENT_GATEWAY__STORAGE__URL=f"sqlite:///{blocker}/gateway.db")
     rc, _, err = await run_cli("serve", "--port", "0", "--data-dir", str(tmp_path / "d"), env=env, cwd=tmp_path)
     assert_one_line_error(rc, err, f"storage sqlite:///{blocker}/gateway.db could not be opened")
-
-
-# -- the allocator the server runs with -----------------------------------------------------------------
-
-
-def _environment_of(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
-
-
-def _arguments_of(pid: int) -> list[str]:
-    return [part.decode() for part in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if part]
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and glibc's malloc_trim")
-async def test_serve_reexecutes_itself_once_with_the_system_allocator_unless_pythonmalloc_is_set(
-    tmp_path: Path,
-) -> None:
-    env = clean_env(tmp_path)
-    env.pop("PYTHONMALLOC", None)
-    async with serve("--port", "0", env=env, cwd=tmp_path) as served:
-        # Same pid (os.execve), same arguments, the allocator set for the new interpreter.
-        assert _environment_of(served.proc.pid).get("PYTHONMALLOC") == "malloc"
-        assert _arguments_of(served.proc.pid)[-3:] == ["serve", "--port", "0"]
-    # The opt-out: the user's own setting is kept (and nothing re-executes).
-    async with serve("--port", "0", env={**env, "PYTHONMALLOC": "pymalloc"}, cwd=tmp_path) as served:
-        assert _environment_of(served.proc.pid).get("PYTHONMALLOC") == "pymalloc"
