@@ -8,6 +8,8 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
 - runs: `--runs` runs one after another, each in a new session and read to its end by one
   create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
   gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB).
+  `--gateway-env KEY=VALUE` sets the gateway process's environment (allocator experiments:
+  `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`).
   With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
   RSS is not the figure) and the report lists the source lines whose memory grew most between
   the baseline and the end.
@@ -172,6 +174,7 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
             if number == min(10, runs):
                 baseline = _rss_kb(pid)
                 samples.append((number, baseline))
+                print(json.dumps({"run": number, "rss_mb": round(baseline / 1024, 1)}), flush=True)
                 if trace:
                     heap["first_10_runs_left"] = await (await http.get(url + HEAP_PATH + "?diff=start")).json()
                     await (await http.get(url + HEAP_PATH + "?mark=baseline")).read()
@@ -267,6 +270,13 @@ def main() -> None:
     parser.add_argument("--deltas", type=int, default=20_000)
     parser.add_argument("--clients", type=int, default=10_000, help="idle SSE clients (0: skip)")
     parser.add_argument("--tracemalloc", action="store_true", help="trace the gateway's allocations")
+    parser.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an environment variable for the gateway process only (e.g. PYTHONMALLOC=pymalloc); repeatable",
+    )
     parser.add_argument("--serve", nargs=2, metavar=("DATA_DIR", "UPSTREAM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     _raise_fd_limit()
@@ -277,9 +287,12 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as data_dir:
             command = [sys.executable, __file__, "--serve", data_dir, base_url]
-            gateway, url = _start(command + (["--tracemalloc"] if args.tracemalloc else []), ENV)
+            gateway_env = {**ENV, **dict(item.split("=", 1) for item in args.gateway_env)}
+            gateway, url = _start(command + (["--tracemalloc"] if args.tracemalloc else []), gateway_env)
             try:
-                report: dict[str, Any] = {"load": load()}
+                environ = Path(f"/proc/{gateway.pid}/environ").read_bytes().split(b"\0")
+                allocator = next((item[12:].decode() for item in environ if item.startswith(b"PYTHONMALLOC=")), "")
+                report: dict[str, Any] = {"load": load(), "gateway_pythonmalloc": allocator or "(default: pymalloc)"}
                 if args.runs:
                     report["runs"] = asyncio.run(_runs(url, gateway.pid, args.runs, args.deltas, args.tracemalloc))
                 if args.clients:

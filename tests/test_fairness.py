@@ -13,8 +13,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -199,3 +201,27 @@ async def test_the_heap_is_trimmed_after_a_run_ends_at_most_once_per_period(make
             await asyncio.sleep(0.005)
     await run_to_end(client, run_body("two"))  # within TRIM_EVERY of the first: no second trim
     assert trimmer.trims == 1 and trimmer._running is not None and trimmer._running.done()
+
+
+class _Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_garbage_cycles_are_collected_before_the_heap_is_trimmed(make_gateway: MakeGateway) -> None:
+    client = await make_gateway()
+    trimmer = gateway_of(client).heap_trimmer
+    cycle = _Cycle()
+    freed = weakref.ref(cycle)
+    del cycle
+    gc.disable()  # only the trimmer's collection may free it
+    try:
+        await run_to_end(client, run_body("one"))
+        async with asyncio.timeout(WAIT):
+            while trimmer.trims < 1:  # noqa: ASYNC110 (the trim runs on a worker thread)
+                await asyncio.sleep(0.005)
+        assert freed() is None and trimmer.collected >= 1
+    finally:
+        gc.enable()
