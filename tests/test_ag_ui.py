@@ -676,7 +676,7 @@ async def test_without_the_ag_ui_package_the_routes_are_off_and_the_log_says_why
         monkeypatch.setitem(sys.modules, name, None)  # `import ag_ui` now fails as if not installed
     for name in ("agent_gateway.plugins.ag_ui.routes", "agent_gateway.plugins.ag_ui.mapping"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    with caplog.at_level("WARNING", logger="agent_gateway.plugins.ag_ui"):
+    with caplog.at_level("INFO", logger="agent_gateway.plugins.ag_ui"):
         client = await make_gateway()
     assert "pip install 'agent-gateway[ag-ui]'" in caplog.text
     response = await client.post("/v1/ag-ui/chat-only", json=agui_input())

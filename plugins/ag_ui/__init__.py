@@ -31,6 +31,6 @@ def register_routes(routes: PluginRoutes) -> None:
     except ImportError as exc:
         if exc.name is None or not exc.name.startswith(("ag_ui", "pydantic")):
             raise
-        log.warning(MISSING)
+        log.info(MISSING)  # an optional extra, not a fault: the default install has no AG-UI
         return
     setup(routes)
