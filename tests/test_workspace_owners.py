@@ -138,6 +138,8 @@ async def test_tool_calls_in_another_actors_workspace_are_refused(make_gateway, 
     )
     bob_run, _ = await run_to_end(before, body(NOTES), headers=BOB)
     alice_run, _ = await run_to_end(before, body(NOTES), headers=ALICE)
+    for ended in (bob_run, alice_run):  # past its terminal event: the run's own scope is gone too
+        await gateway_of(before).runs.wait(ended["hostRunId"])
     write_path = f"/v1/owned/runs/{bob_run['hostRunId']}/write"
     # Without the ACL bob's run may write there (this is what the ACL takes away).
     first = await before.post(write_path, json={"path": "notes/bob-before.md", "text": "x"}, headers=BOB)
