@@ -20,20 +20,7 @@ import pytest
 from test_cli import clean_env, run_cli, serve
 
 from agent_gateway.plugin_host import LOAD_ENV, PluginError, PluginHost
-
-BUILTINS = {
-    "core",
-    "journal_peewee",
-    "chat_only",
-    "reasonix",
-    "hermes",
-    "workspace",
-    "pi_lab",
-    "lightrag",
-    "ag_ui",
-    "openai_compat",
-    "cluster_redis",
-}
+from tests.test_packaging import BUILT_INS  # every plugin the distribution declares
 
 ECHO_PLUGIN = """
 from agent_gateway import hookimpl
@@ -89,13 +76,13 @@ async def test_load_plugins_env_filters_third_party_plugins_and_keeps_builtins(
 ) -> None:
     rc, out, err = await run_cli("plugins", "--json", env=with_site(tmp_path, third_party_site), cwd=tmp_path)
     assert rc == 0, err
-    assert {info["name"] for info in json.loads(out)} == BUILTINS | {"echo", "other"}
+    assert {info["name"] for info in json.loads(out)} == BUILT_INS | {"echo", "other"}
 
     env = with_site(tmp_path, third_party_site, AGENT_GATEWAY_LOAD_PLUGINS="echo")
     rc, out, err = await run_cli("plugins", "--json", env=env, cwd=tmp_path)
     assert rc == 0, err
     infos = {info["name"]: info for info in json.loads(out)}
-    assert set(infos) == BUILTINS | {"echo"}
+    assert set(infos) == BUILT_INS | {"echo"}
     assert infos["echo"]["distribution"] == "ag_echo_plugin"
 
     # And the gateway serves with only `echo` of the third-party plugins: its section is known,
@@ -117,9 +104,9 @@ def test_load_plugins_env_in_process(third_party_site: Path, monkeypatch: pytest
     monkeypatch.syspath_prepend(str(third_party_site))
     assert {"echo", "other"} <= {ep.name for ep in metadata.entry_points(group="agent_gateway")}
     names = lambda host: {info.name for info in host.plugins()}  # noqa: E731
-    assert names(PluginHost.load(env={LOAD_ENV: "echo"})) == BUILTINS | {"echo"}
-    assert names(PluginHost.load(env={LOAD_ENV: ""})) == BUILTINS
-    assert names(PluginHost.load(env={})) == BUILTINS | {"echo", "other"}
+    assert names(PluginHost.load(env={LOAD_ENV: "echo"})) == BUILT_INS | {"echo"}
+    assert names(PluginHost.load(env={LOAD_ENV: ""})) == BUILT_INS
+    assert names(PluginHost.load(env={})) == BUILT_INS | {"echo", "other"}
     assert names(PluginHost.load(env={LOAD_ENV: "other"}, builtins={"core"})) == {"core", "other"}
 
 
