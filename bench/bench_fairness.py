@@ -7,7 +7,8 @@ upstream in its own process that answers every chat completion with the model's 
 (`n20000`, `n3`) written in one go, as fast as the socket takes (`hang`: headers, then nothing).
 One SSE client (its own process) reads the fast run. Alternating, in each round:
 
-- idle: `GET /v1/health` probes with nothing running (the latency baseline);
+- idle: the same probes with nothing running (the latency baselines: health, and a new run's
+  time to first event, which is also issue point 2's figure: a client attaching at once);
 - alone: the fast run with no probes (the throughput baseline);
 - probed: the fast run while this process probes `GET /v1/health` and, every tenth probe, the time
   to first event of a second run's client (`POST /v1/runs` then `GET .../stream`, and the one
@@ -149,12 +150,17 @@ async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: b
     return {"events": result["events"], "rate": deltas / span, **out}
 
 
-async def _idle(http: aiohttp.ClientSession, url: str, probes: int) -> list[float]:
-    samples = []
-    for _ in range(probes):
-        samples.append(await _health(http, url))
-        await asyncio.sleep(0.005)
-    return samples
+async def _idle(http: aiohttp.ClientSession, url: str, probes: int, out: dict[str, list[float]]) -> None:
+    """The same probes with nothing else running: the baselines (a time-to-first-event probe
+    every TTFE_EVERY probes, as while the fast run streams)."""
+    for index in range(probes):
+        if index % TTFE_EVERY == TTFE_EVERY - 1:
+            out["ttfe_two_calls"].append(await _first_event(http, url, one_call=False))
+            if ONE_CALL:
+                out["ttfe_one_call"].append(await _first_event(http, url, one_call=True))
+        else:
+            out["health"].append(await _health(http, url))
+        await asyncio.sleep(0.005)  # probe pacing
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
@@ -162,13 +168,13 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 
 async def _bench(url: str, deltas: int, rounds: int) -> None:
-    idle: list[float] = []
+    idle: dict[str, list[float]] = {"health": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     alone: list[float] = []
     probed: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []}
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         await _fast_run(http, url, 200, probe=False)  # warm up
         for _ in range(rounds):
-            idle += await _idle(http, url, 60)
+            await _idle(http, url, 60, idle)
             alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
             result = await _fast_run(http, url, deltas, probe=True)
             for key in ("health", "live", "ttfe_two_calls", "ttfe_one_call"):
@@ -189,10 +195,12 @@ async def _bench(url: str, deltas: int, rounds: int) -> None:
         "deltas": deltas,
         "rounds": rounds,
         "load": load(),
-        "idle_health_ms": _summary(idle),
+        "idle_health_ms": _summary(idle["health"]),
         "busy_health_ms": _summary(probed["health"]),
         "busy_live_ms": _summary(probed["live"]),
-        "busy_health_p99_over_idle_p99": round(percentile(probed["health"], 99) / percentile(idle, 99), 2),
+        "busy_health_p99_over_idle_p99": round(percentile(probed["health"], 99) / percentile(idle["health"], 99), 2),
+        "idle_ttfe_two_calls_ms": _summary(idle["ttfe_two_calls"]),
+        "idle_ttfe_one_call_ms": _summary(idle["ttfe_one_call"]) if ONE_CALL else None,
         "ttfe_two_calls_ms": _summary(probed["ttfe_two_calls"]),
         "ttfe_one_call_ms": _summary(probed["ttfe_one_call"]),
         "fast_run_rate_alone": round(alone_rate),

@@ -26,12 +26,31 @@ def _can_merge(last: Event, event: Event) -> bool:
     return all(last.payload.get(k) == event.payload.get(k) for k in other_keys)
 
 
-def merge(last: Event, event: Event) -> Event:
-    payload = dict(last.payload)
-    payload["text"] = str(last.payload.get("text", "")) + str(event.payload.get("text", ""))
-    payload["mergedFrom"] = last.payload.get("mergedFrom", last.seq)
-    payload["mergedCount"] = int(last.payload.get("mergedCount", 1)) + 1
-    return Event(event.host_run_id, event.seq, event.kind, event.source, payload, event.created_at)
+class _Merging:
+    """The deltas merged into a full buffer's last slot since it was last taken: their texts,
+    joined once when the slot is taken. Merging by concatenation copied the text so far on every
+    delta, quadratic in how far a client lags (6.5% of the loop's time in a 100,000-delta run)."""
+
+    __slots__ = ("count", "first", "parts", "slot")
+
+    def __init__(self, first: Event) -> None:
+        self.first = first  # the delta the others merge into (its own text, mergedFrom, mergedCount)
+        self.parts = [str(first.payload.get("text", ""))]
+        self.count = int(first.payload.get("mergedCount", 1))
+        self.slot = first  # what the buffer's last slot holds: the newest merged delta, as is
+
+    def add(self, event: Event) -> None:
+        self.parts.append(str(event.payload.get("text", "")))
+        self.count += 1
+        self.slot = event
+
+    def event(self) -> Event:
+        first, last = self.first, self.slot
+        payload = dict(first.payload)
+        payload["text"] = "".join(self.parts)
+        payload["mergedFrom"] = first.payload.get("mergedFrom", first.seq)
+        payload["mergedCount"] = self.count
+        return Event(last.host_run_id, last.seq, last.kind, last.source, payload, last.created_at)
 
 
 class Wakeup:
@@ -73,7 +92,17 @@ class Wakeup:
 
 class Subscriber:
     # Slots: one subscriber per open stream, so per-instance dicts add up (10,000 idle clients).
-    __slots__ = ("buffer", "capacity", "merge_deltas", "merges", "needs_replay", "topic", "wakeup", "write_directly")
+    __slots__ = (
+        "_merging",
+        "buffer",
+        "capacity",
+        "merge_deltas",
+        "merges",
+        "needs_replay",
+        "topic",
+        "wakeup",
+        "write_directly",
+    )
 
     def __init__(self, topic: str, capacity: int, merge_deltas: bool = True) -> None:
         self.topic = topic
@@ -86,6 +115,7 @@ class Subscriber:
         self.wakeup = Wakeup()
         self.needs_replay = False
         self.merges = 0
+        self._merging: _Merging | None = None  # the deltas merged into the buffer's last slot
         # Set by an idle stream writer: writes a published batch itself, or returns False.
         self.write_directly: Callable[[list[Event], bytes | None], bool] | None = None
 
@@ -94,16 +124,35 @@ class Subscriber:
             return  # the writer will find it in the journal
         buffer = self.buffer
         if len(buffer) < self.capacity or event.is_terminal:
+            self._settle()
             buffer.append(event)
         elif self.merge_deltas and buffer and _can_merge(buffer[-1], event):
-            buffer[-1] = merge(buffer[-1], event)
+            merging = self._merging
+            if merging is None or merging.slot is not buffer[-1]:
+                merging = self._merging = _Merging(buffer[-1])
+            merging.add(event)
+            buffer[-1] = event  # its seq stands for the slot until `_settle` joins the texts
             self.merges += 1
         else:
-            buffer.clear()
+            self.clear()
             self.needs_replay = True
         self.wakeup.set()
 
+    def _settle(self) -> None:
+        """Put the merged delta in the buffer's last slot (its texts joined once)."""
+        merging, buffer = self._merging, self.buffer
+        if merging is not None:
+            self._merging = None
+            if buffer and buffer[-1] is merging.slot:
+                buffer[-1] = merging.event()
+
+    def clear(self) -> None:
+        """Drop everything buffered (the writer replays from the journal instead)."""
+        self.buffer.clear()
+        self._merging = None
+
     def take(self, limit: int) -> list[Event]:
+        self._settle()
         buffer = self.buffer
         if len(buffer) <= limit:
             items = list(buffer)
@@ -171,7 +220,7 @@ class Bus:
         for topic, subs in self._subscribers.items():
             if topics(topic):
                 for sub in subs:
-                    sub.buffer.clear()
+                    sub.clear()
                     sub.needs_replay = True
                     sub.wakeup.set()
                     count += 1

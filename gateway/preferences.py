@@ -30,16 +30,55 @@ PREFERENCES_SCHEMA = "gateway.preferences.v1"
 MAX_KEYS_PER_UPDATE = 200
 
 _locks: weakref.WeakKeyDictionary[Any, dict[str, asyncio.Lock]] = weakref.WeakKeyDictionary()
+# Each actor's values as last read or written, per gateway: every run's creation and start reads
+# them, and a storage read is a worker trip (the GIL handed over twice) on the run's path to its
+# first event. Only this process writes them (`put_preferences`), unless cluster instances share
+# the database: then every read goes to storage.
+MAX_CACHED_ACTORS = 10_000
+
+
+class _ValuesCache:
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, Any]] = {}
+        self.writes = 0  # a read that spans a write does not fill the cache (it may be stale)
+
+    def remember(self, actor_id: str, values: dict[str, Any]) -> None:
+        if actor_id not in self.values and len(self.values) >= MAX_CACHED_ACTORS:
+            del self.values[next(iter(self.values))]  # the oldest entry: bounded for many actors
+        self.values[actor_id] = dict(values)
+
+
+_caches: weakref.WeakKeyDictionary[Any, _ValuesCache] = weakref.WeakKeyDictionary()
 
 
 async def _db(gateway: Gateway, fn: Any, *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(gateway.executor, fn, *args)
 
 
+def _cache_of(gateway: Gateway) -> _ValuesCache | None:
+    if gateway.coordinator.clustered:  # another instance may write them
+        return None
+    cache = _caches.get(gateway)
+    if cache is None:
+        cache = _caches[gateway] = _ValuesCache()
+    return cache
+
+
 async def load_values(gateway: Gateway, actor_id: str) -> dict[str, Any]:
     """The actor's stored values (full keys), secrets included: for server-side use only."""
-    values = await _db(gateway, gateway.storage.get_preferences, actor_id)
-    return dict(values) if isinstance(values, Mapping) else {}
+    cache = _cache_of(gateway)
+    if cache is None:
+        stored = await _db(gateway, gateway.storage.get_preferences, actor_id)
+        return dict(stored) if isinstance(stored, Mapping) else {}
+    cached = cache.values.get(actor_id)
+    if cached is not None:
+        return dict(cached)
+    writes = cache.writes
+    stored = await _db(gateway, gateway.storage.get_preferences, actor_id)
+    values = dict(stored) if isinstance(stored, Mapping) else {}
+    if cache.writes == writes:
+        cache.remember(actor_id, values)
+    return values
 
 
 def visible_values(registry: DescriptorRegistry, values: Mapping[str, Any], admin: bool) -> dict[str, Any]:
@@ -108,7 +147,14 @@ async def put_preferences(gateway: Gateway, actor_id: str, updates: Any) -> dict
                 values.pop(key, None)
             else:
                 values[key] = value
+        cache = _cache_of(gateway)
+        if cache is not None:  # stored or not (a failed write may have landed): read it again
+            cache.writes += 1
+            cache.values.pop(actor_id, None)
         await _db(gateway, gateway.storage.put_preferences, actor_id, values)
+        if cache is not None:
+            cache.writes += 1
+            cache.remember(actor_id, values)
     return {"schema": PREFERENCES_SCHEMA, "actorId": actor_id, **visible_values(registry, values, admin)}
 
 

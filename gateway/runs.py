@@ -693,14 +693,14 @@ class RunManager:
             while True:
                 if ask_journal:
                     subscriber.needs_replay = False
-                    subscriber.buffer.clear()
+                    subscriber.clear()
                     last = await self.journal.last_event(host_run_id)
                     if last is not None and last.is_terminal:  # (None: nothing committed yet)
                         return
                 subscriber.wakeup.clear()
                 if any(event.is_terminal for event in subscriber.buffer):
                     return
-                subscriber.buffer.clear()
+                subscriber.clear()
                 try:
                     async with asyncio.timeout(ELSEWHERE_RECHECK_SECONDS):
                         await subscriber.wakeup.wait()

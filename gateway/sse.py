@@ -348,7 +348,7 @@ class RunStream:
             self._stats.replays += 1
         # Dropping the buffer and snapshotting the journal happen in one step.
         subscriber.needs_replay = False
-        subscriber.buffer.clear()
+        subscriber.clear()
         self._wakeup.clear()
         page = REPLAY_PAGE if self._last > self._after_seq else REPLAY_FIRST_PAGE
         events = await self._journal.read(self._topic, self._last, page)

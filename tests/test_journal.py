@@ -421,6 +421,41 @@ def test_subscriber_merges_deltas_when_full_and_keeps_the_text() -> None:
     assert not sub.wakeup.is_set()
 
 
+def test_a_lagging_subscriber_merges_across_takes_a_terminal_and_a_replay_without_losing_text() -> None:
+    """Merged texts are joined when the slot is taken: takes of part of the buffer, a terminal
+    event arriving while deltas merge, and an overflow to replay must each see the right text."""
+    sub = Subscriber("run_bus", capacity=4)
+    taken: list[Event] = []
+    seq = 0
+    for round_ in range(50):  # a client that takes a little now and then while deltas pour in
+        for _ in range(97):
+            seq += 1
+            sub.offer(ev(seq, text=f"{seq},"))
+        taken += sub.take(1 + round_ % 3)
+    seq += 1
+    sub.offer(ev(seq, "run.completed", status="completed"))  # buffered after the merged slot
+    taken += sub.take(100)
+    assert not sub.needs_replay and sub.merges > 4000
+    assert [e.seq for e in taken] == sorted({e.seq for e in taken})  # in order, no duplicate
+    assert taken[-1].kind == "run.completed" and taken[-1].seq == seq
+    assert "".join(e.payload["text"] for e in taken[:-1]) == "".join(f"{n}," for n in range(1, seq))
+    for event in taken[:-1]:  # each merged event says which seqs it stands for
+        first = event.payload.get("mergedFrom", event.seq)
+        assert event.payload.get("mergedCount", 1) == event.seq - first + 1
+        assert event.payload["text"].startswith(f"{first},") and event.payload["text"].endswith(f"{event.seq},")
+
+    overflow = Subscriber("run_bus", capacity=2)
+    for n in range(1, 10):
+        overflow.offer(ev(n, text="x"))
+    overflow.offer(ev(10, "tool.started", toolCallId="t"))  # not mergeable: replay instead
+    assert overflow.needs_replay and overflow.buffer == []
+    overflow.needs_replay = False  # the writer replayed; the live feed goes on
+    overflow.offer(ev(11, text="a"))
+    overflow.offer(ev(12, text="b"))
+    overflow.offer(ev(13, text="c"))
+    assert [(e.seq, e.payload["text"]) for e in overflow.take(10)] == [(11, "a"), (13, "bc")]
+
+
 def test_subscriber_switches_to_replay_on_a_non_mergeable_overflow() -> None:
     for overflow in (
         ev(4, "tool.started", toolCallId="t1"),

@@ -72,3 +72,41 @@ async def test_local_actor_without_tokens(make_client: MakeClient) -> None:
     client = await make_client(tokens=None, extra=(ToolAgentPlugin(ToolAgent()),))
     body = await put_prefs(client, {}, {"ai.agent.tool-agent.debugTrace": True})  # the local actor is admin
     assert body["actorId"] == "local" and body["values"] == {"ai.agent.tool-agent.debugTrace": True}
+
+
+async def test_runs_read_preferences_from_memory_and_see_every_update(make_client: MakeClient) -> None:
+    """A run's defaults come from the actor's preferences without a storage read per run (one
+    worker trip less before its first event), and an update is seen by the next run at once."""
+    from agent_gateway.app import GATEWAY_KEY
+    from agent_gateway.preferences import apply_run_defaults
+
+    client = await make_client(extra=(ToolAgentPlugin(ToolAgent()),))
+    gateway = client.app[GATEWAY_KEY]
+    storage_reads: list[str] = []
+    read = gateway.storage.get_preferences
+
+    def counting_read(actor_id: str) -> dict[str, object]:
+        storage_reads.append(actor_id)
+        return read(actor_id)
+
+    gateway.storage.get_preferences = counting_read  # type: ignore[method-assign]
+    body = {"message": "hi", "requestId": "r", "sessionId": "s"}
+    assert (await apply_run_defaults(gateway, "alice", body)).get("agentId") is None
+    assert (await apply_run_defaults(gateway, "alice", body)).get("agentId") is None
+    assert storage_reads == ["alice"]  # read once, then from memory
+
+    await put_prefs(client, ALICE, {"ai.common.defaultAgent": "tool-agent", "ai.agent.tool-agent.model": "big"})
+    filled = await apply_run_defaults(gateway, "alice", body)
+    assert filled["agentId"] == "tool-agent" and filled["options"] == {"model": "big"}
+    await put_prefs(client, ALICE, {"ai.common.defaultAgent": "chat-only", "ai.agent.tool-agent.model": None})
+    assert (await apply_run_defaults(gateway, "alice", body))["agentId"] == "chat-only"
+    assert (await apply_run_defaults(gateway, "alice", {**body, "agentId": "tool-agent"})).get("options") is None
+    assert storage_reads == ["alice"]  # the updates went to memory as they went to storage
+    assert (await apply_run_defaults(gateway, "bob", body)).get("agentId") is None
+    assert storage_reads == ["alice", "bob"]  # each actor read once
+
+    # The values handed out are copies: a caller changing them changes nothing stored.
+    from agent_gateway.preferences import load_values
+
+    (await load_values(gateway, "alice"))["ai.common.defaultAgent"] = "tool-agent"
+    assert (await apply_run_defaults(gateway, "alice", body))["agentId"] == "chat-only"

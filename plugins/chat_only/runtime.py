@@ -13,7 +13,7 @@ from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome
 
 # A slice of parsing and emitting ends after this long or this many upstream lines, whichever
 # comes first; the stream then yields to the loop once.
-SLICE_SECONDS = 0.002
+SLICE_SECONDS = 0.0005
 SLICE_LINES = 256
 
 
