@@ -643,3 +643,47 @@ def test_sqlite_file_that_cannot_be_opened_raises_storage_unavailable(tmp_path: 
             file.rename(tmp_path / file.name)
     assert in_new_thread(lambda: storage.get_run("run-1")) == make_run(1)
     storage.close()
+
+
+def test_sqlite_log_is_checkpointed_by_the_storage_thread_not_by_commits_and_stays_bounded(tmp_path: Path) -> None:
+    """No commit checkpoints the write-ahead log (a checkpoint syncs the database to disk: tens of
+    ms for whichever writer drew it, a new run's row included); the storage's own thread does, and
+    the log file goes back under its size limit once writes go on after a checkpoint."""
+    limit = 1 << 20
+    storage = PeeweeStorage(f"sqlite:///{tmp_path / 'journal.db'}", wal_size_limit_bytes=limit)
+    storage.open()
+    try:
+        assert storage.database.execute_sql("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        checkpointer = storage.checkpointer
+        assert checkpointer is not None
+        wal = tmp_path / "journal.db-wal"
+        text = "x" * 200
+        seq = 0
+        for _ in range(40):  # about 10 MB of log
+            events = [Event("run-big", seq + i, "message.delta", "chat-only", {"text": text}, 1) for i in range(1, 1001)]
+            storage.append_events(events)
+            seq += 1000
+        assert wal.stat().st_size > 5 * limit
+        for _ in range(20):  # each write wakes the checkpointer; the first after a full one truncates
+            done = checkpointer.checkpoints
+            seq += 1
+            storage.append_events([Event("run-big", seq, "message.delta", "chat-only", {"text": text}, 1)])
+            assert checkpointer.wait_for(done + 1, timeout=30)
+            if wal.stat().st_size <= limit:
+                break
+        assert wal.stat().st_size <= limit
+        assert checkpointer.failures == 0
+        assert len(storage.read_events("run-big", after_seq=seq - 5)) == 5
+    finally:
+        storage.close()
+    assert not wal.exists() or wal.stat().st_size == 0  # closing checkpoints the rest
+
+
+def test_sqlite_without_background_checkpoints_keeps_sqlite_defaults(tmp_path: Path) -> None:
+    storage = PeeweeStorage(f"sqlite:///{tmp_path / 'journal.db'}", background_checkpoints=False)
+    storage.open()
+    try:
+        assert storage.checkpointer is None
+        assert storage.database.execute_sql("PRAGMA wal_autocheckpoint").fetchone()[0] == 1000
+    finally:
+        storage.close()
