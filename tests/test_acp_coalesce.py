@@ -12,11 +12,13 @@ keeps up with).
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
+from agent_gateway.acp import client as acp_client
 from agent_gateway.acp.mapping import coalesce_updates
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
@@ -196,3 +198,64 @@ async def test_coalescing_can_be_turned_off(make_gateway: MakeGateway, tmp_path:
     check_delivery(received, journal)
     texts = [e["payload"]["text"] for e in journal if e["kind"] == "message.delta"]
     assert texts == [f"{i}{letter}," for i in range(300) for letter in "abc"]
+
+
+async def test_a_backlog_is_read_in_blocks_that_let_the_loop_turn(
+    make_gateway: MakeGateway, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """An agent far ahead of the gateway, its output piled up in the gateway's read buffer while the
+    reader waited (here: held until the whole turn is buffered), is read one block at a time with a
+    loop turn in between: other runs and requests are not held for the whole backlog."""
+    handled: list[int] = []  # lines handled, in order, with a 0 for each turn of the counter below
+    handle_lines = acp_client.AcpProcess._handle_lines
+    held = False
+    buffered_bytes: list[int] = []
+
+    async def counting(self: Any, lines: list[bytes]) -> None:
+        nonlocal held
+        if not held and any(b"session/update" in line for line in lines):
+            held = True  # the first update: wait until the agent's whole turn is buffered
+            buffered = self._proc.stdout._buffer  # asyncio's StreamReader buffer
+            for _ in range(1_000_000):  # bounded: the agent writes 2.3 MB at once
+                if b'"stopReason"' in bytes(buffered[-200:]):
+                    break
+                await asyncio.sleep(0)
+            buffered_bytes.append(len(buffered))
+        handled.append(len(lines))
+        await handle_lines(self, lines)
+
+    monkeypatch.setattr(acp_client.AcpProcess, "_handle_lines", counting)
+    client = await _gateway(make_gateway, tmp_path)
+    finished = asyncio.Event()
+
+    async def count_turns() -> None:
+        for _ in range(100_000_000):  # bounded; ends with the run
+            if finished.is_set():
+                return
+            handled.append(0)
+            await asyncio.sleep(0)
+
+    counter = asyncio.create_task(count_turns())
+    rounds = 6000  # 24,060 updates, about 2.3 MB
+    try:
+        receipt, received = await run_to_end(client, _body(f"backlog {rounds}"))
+    finally:
+        finished.set()
+        await counter
+    assert received[-1]["event"] == "run.completed", received[-1]
+    assert buffered_bytes and buffered_bytes[0] > 2_000_000  # the turn waited in the buffer
+    journal = await events_page(client, receipt["hostRunId"])
+    assert delta_text_of(journal, "message.delta", wire=True) == "".join(
+        f"{i}{letter}," for i in range(rounds) for letter in "abc"
+    )
+    # Lines handled between two turns of the counter: at most what one block holds (the shortest
+    # line here is about 100 bytes). Reading block after block without a turn, the buffered
+    # backlog went by in one or two.
+    between: list[int] = [0]
+    for count in handled:
+        if count == 0:
+            between.append(0)
+        else:
+            between[-1] += count
+    assert sum(between) >= 4 * rounds
+    assert max(between) <= acp_client.READ_BLOCK // 90, max(between)

@@ -660,8 +660,9 @@ def test_sqlite_log_is_checkpointed_by_the_storage_thread_not_by_commits_and_sta
         text = "x" * 200
         seq = 0
         for _ in range(40):  # about 10 MB of log
-            events = [Event("run-big", seq + i, "message.delta", "chat-only", {"text": text}, 1) for i in range(1, 1001)]
-            storage.append_events(events)
+            storage.append_events(
+                [Event("run-big", seq + i, "message.delta", "chat-only", {"text": text}, 1) for i in range(1, 1001)]
+            )
             seq += 1000
         assert wal.stat().st_size > 5 * limit
         for _ in range(20):  # each write wakes the checkpointer; the first after a full one truncates
