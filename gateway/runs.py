@@ -218,7 +218,7 @@ class RunManager:
                 # The idempotency look-up and the insert in one worker trip, between two group
                 # commits: a new run's row (and so its first event) never waits behind a busy
                 # stream's commits for SQLite's writer lock.
-                existing = await self.journal.write(self._find_or_insert, key, run)
+                existing = await self.journal.write(self._insert_or_find, run)
                 if existing is not None:  # a repeated requestId (or another process took the key)
                     return await self._existing(existing, request_hash), False
                 self.journal.open_run(run.host_run_id)
@@ -233,14 +233,14 @@ class RunManager:
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
 
-    def _find_or_insert(self, key: tuple[str, str, str, str], run: Run) -> Run | None:
-        """The run stored under the request key `key`, or None once `run` is stored (a worker thread)."""
-        existing = self.storage.find_run_by_request(*key)
-        if existing is not None:
-            return existing
+    def _insert_or_find(self, run: Run) -> Run | None:
+        """None once `run` is stored, or the run already stored under its request key (a worker
+        thread). The insert comes first: a new run (the common case) takes one statement, and each
+        statement hands the GIL back and forth with a busy loop; a repeat finds its run in the
+        conflict (the storage contract)."""
         try:
             self.storage.insert_run(run)
-        except RequestConflict as conflict:  # another process took the key
+        except RequestConflict as conflict:  # a repeated requestId, or another process took the key
             return conflict.existing
         return None
 
