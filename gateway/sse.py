@@ -24,7 +24,7 @@ from aiohttp import hdrs, web
 from agent_gateway.bus import Bus
 from agent_gateway.http_server import JsonErrorRequestHandler
 from agent_gateway.journal import Journal
-from agent_gateway.models import Event, sse_frames
+from agent_gateway.models import Event, Run, sse_frames
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
@@ -98,6 +98,19 @@ def _shared_frames(bus: Bus, topic: str, events: list[Event]) -> bytes:
     if count == last.seq - first.seq + 1:
         bus.shared_frames[topic] = (first, last, count, blob)
     return blob
+
+
+class RunEnded:
+    """`is_finished` for the stream of a run: whether the run has ended. A slotted object, not a
+    lambda (a function and its closure cell: four times the size, one per open stream)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __call__(self) -> bool:
+        return self.run.is_terminal
 
 
 class StreamStats:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -12,7 +13,7 @@ from agent_gateway.errors import ApiError, error_response, read_json
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
 from agent_gateway.preferences import apply_run_defaults
 from agent_gateway.runs import AdmissionRefused
-from agent_gateway.sse import stream_run
+from agent_gateway.sse import RunEnded, stream_run
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -128,7 +129,7 @@ class RunRoutes:
         after = _cursor(header, "Last-Event-ID") if header else _cursor(request.query.get("afterSeq"), "afterSeq")
         return await self._stream(request, run, after, self._projection(request))
 
-    async def _stream(
+    def _stream(
         self,
         request: web.Request,
         run: Run,
@@ -136,8 +137,10 @@ class RunRoutes:
         project: Any,
         status: int = 200,
         headers: dict[str, str] | None = None,
-    ) -> web.StreamResponse:
-        return await stream_run(
+    ) -> Coroutine[Any, Any, web.StreamResponse]:
+        """`run`'s stream, for the handler to await: not a coroutine function itself, so an open
+        stream holds no frame of it (see `stream_run`)."""
+        return stream_run(
             request,
             status=status,
             headers=headers,
@@ -145,7 +148,7 @@ class RunRoutes:
             journal=self.gw.journal,
             bus=self.gw.bus,
             after_seq=after,
-            is_finished=lambda: run.is_terminal,
+            is_finished=RunEnded(run),
             capacity=self.gw.stream_capacity,
             heartbeat=self.gw.heartbeat,
             stats=self.gw.stream_stats,
