@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -40,7 +40,12 @@ class EventStreamResponse(web.StreamResponse):
     go out chunked (aiohttp's default for a body of unknown length). The kernel is asked to drop
     the connection when written data stays unacknowledged for the send timeout, so a vanished peer
     is found by the next write (a ping) even while the socket buffers still have room. Pings are
-    written by `RunStream`'s heartbeat: this response starts no task of its own."""
+    written by `RunStream`'s heartbeat: this response starts no task of its own.
+
+    The handler returns the response with its `stream` attached, unstarted; aiohttp then prepares
+    it and calls `write_eof`, whose first call runs the stream. So an open stream holds no frame
+    of the handler or the middleware (10,000 idle clients): only aiohttp's `finish_response` and
+    `RunStream.run`."""
 
     def __init__(
         self, *, status: int = 200, headers: Mapping[str, str] | None = None, send_timeout: float = SEND_TIMEOUT
@@ -55,13 +60,23 @@ class EventStreamResponse(web.StreamResponse):
         self._send_timeout = send_timeout
         self._tcp_socket: socket.socket | None = None
         self._saved_user_timeout = 0
+        self.stream: RunStream | None = None  # run by the first `write_eof`
 
     async def prepare(self, request: web.BaseRequest) -> Any:
         if not self.prepared:
             self._set_user_timeout(request)
         return await super().prepare(request)
 
-    async def write_eof(self, data: bytes = b"") -> None:
+    def write_eof(self, data: bytes = b"") -> Awaitable[None]:
+        """The first call (aiohttp's, once the handler has returned and the response is prepared)
+        runs the attached stream, which ends the body with a second call. Not a coroutine
+        function: the stream's coroutine is returned as is, no frame of this method waits on it."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            return stream.run()
+        return self._end(data)
+
+    async def _end(self, data: bytes) -> None:
         await super().write_eof(data)
         sock = self._tcp_socket
         if sock is not None and _TCP_USER_TIMEOUT is not None and sock.fileno() >= 0:
@@ -196,6 +211,7 @@ class RunStream:
         "_beat",
         "_bus",
         "_can_write_directly",
+        "_capacity",
         "_chunked",
         "_encode",
         "_finished",
@@ -203,6 +219,7 @@ class RunStream:
         "_is_finished",
         "_journal",
         "_last",
+        "_merge_deltas",
         "_prelude",
         "_project",
         "_protocol",
@@ -251,11 +268,8 @@ class RunStream:
         self._encode = encode
         self._prelude = prelude
         self._journal = journal
-        # Subscribed before the first journal read, so no event falls between the two.
-        # merge_deltas=False: a full buffer always goes back to the journal, so the client's
-        # frames can be numbered per journal event (never a merged delta).
-        self._subscriber = bus.subscribe(topic, capacity, merge_deltas=merge_deltas)
-        self._wakeup = self._subscriber.wakeup
+        self._capacity = capacity
+        self._merge_deltas = merge_deltas
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
         self._chunked = False  # known once the response is prepared
@@ -271,8 +285,6 @@ class RunStream:
         self._finished = False  # a direct write delivered the terminal event
         self._stopping = False  # shutdown: write what is buffered, then end
         self._protocol = request.protocol if isinstance(request.protocol, JsonErrorRequestHandler) else None
-        if self._protocol is not None:  # the client left: end now, not at the next heartbeat
-            self._protocol.on_connection_lost = self.stop
 
     def stop(self) -> None:
         """End the stream after writing what its buffer holds (the gateway is stopping)."""
@@ -291,14 +303,17 @@ class RunStream:
         self._beat = True
         self._wakeup.set()
 
-    async def run(self, request: web.Request) -> web.StreamResponse:
-        """Prepare the response, stream, and end it; the response, for the handler to return.
-        Subscribed already (in `__init__`): nothing published meanwhile is missed."""
-        try:
-            await self._response.prepare(request)
-        except BaseException:
-            self._leave()
-            raise
+    async def run(self) -> None:
+        """Stream on the prepared response, and end it (called by its first `write_eof`). Nothing
+        is held in the bus or the stats before this starts: a response aiohttp never gets to
+        (the client left while it was prepared) leaves nothing behind."""
+        # Subscribed before the first journal read, so no event falls between the two.
+        # merge_deltas=False: a full buffer always goes back to the journal, so the client's
+        # frames can be numbered per journal event (never a merged delta).
+        self._subscriber = self._bus.subscribe(self._topic, self._capacity, merge_deltas=self._merge_deltas)
+        self._wakeup = self._subscriber.wakeup
+        if self._protocol is not None:  # the client left: end now, not at the next heartbeat
+            self._protocol.on_connection_lost = self.stop
         self._chunked = "chunked" in self._response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
         self._stats._opened(self)
         try:
@@ -340,7 +355,6 @@ class RunStream:
             await self._response.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
-        return self._response
 
     def _close(self) -> None:
         """Leave the heartbeat and the bus (counting this subscription's merges)."""
@@ -449,7 +463,7 @@ class RunStream:
         return True
 
 
-def stream_run(
+async def stream_run(
     request: web.Request,
     *,
     status: int = 200,
@@ -467,7 +481,7 @@ def stream_run(
     prelude: bytes = b"",
     headers: Mapping[str, str] | None = None,
     merge_deltas: bool = True,
-) -> Coroutine[Any, Any, web.StreamResponse]:
+) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
@@ -481,12 +495,13 @@ def stream_run(
     A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
     stream and drops the connection.
 
-    Await the result (`return await stream_run(...)`): not a coroutine function itself, so a
-    waiting stream holds no frame of it (10,000 idle clients), only `RunStream.run`'s.
+    Returns the response, unprepared, for the handler to return (`return await stream_run(...)`):
+    aiohttp prepares it and calls its `write_eof`, which runs the stream. So nothing of the
+    handler or of the middleware stays alive while the stream waits (10,000 idle clients).
     """
     # Any method may answer with a stream (a POST for create-and-stream and other protocols).
     response = EventStreamResponse(status=status, headers=headers, send_timeout=send_timeout)
-    stream = RunStream(
+    response.stream = RunStream(
         request,
         response,
         topic=topic,
@@ -503,4 +518,4 @@ def stream_run(
         prelude=prelude,
         merge_deltas=merge_deltas,
     )
-    return stream.run(request)
+    return response
