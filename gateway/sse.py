@@ -134,33 +134,33 @@ class StreamStats:
         self.replays = 0
         self.merges = 0
         self.open_streams = 0
-        self.streams: set[RunStream] = set()  # the open ones, for shutdown
         self._none_open: asyncio.Event | None = None
-        # Per heartbeat period, the open streams with it and the one timer that wakes them all
-        # (a timer per stream is a TimerHandle and a heap entry per idle client).
+        # The open streams by heartbeat period (each in one group: no second set of them all, at
+        # 10,000 idle clients), and per period the one timer that wakes them all (a timer per
+        # stream is a TimerHandle and a heap entry per idle client).
         self._beating: dict[float, set[RunStream]] = {}
         self._beat_timers: dict[float, asyncio.TimerHandle] = {}
 
     def stop_all(self, keep: Callable[[str], bool] = lambda topic: False) -> None:
         """Ask every open stream whose topic `keep` does not want to end (after writing what it has
         buffered); its client resumes with Last-Event-ID."""
-        for stream in list(self.streams):
-            if not keep(stream.topic):
-                stream.stop()
+        for group in list(self._beating.values()):
+            for stream in list(group):
+                if not keep(stream.topic):
+                    stream.stop()
 
     async def wait_closed(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every open stream to end; whether they all did."""
-        if not self.streams:
+        if not self.open_streams:
             return True
         self._none_open = self._none_open or asyncio.Event()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._none_open.wait()
-        return not self.streams
+        return not self.open_streams
 
     def _opened(self, stream: RunStream) -> None:
         self.open_streams += 1
-        self.streams.add(stream)
         if self._none_open is not None:
             self._none_open.clear()
         period = stream.heartbeat
@@ -172,8 +172,7 @@ class StreamStats:
 
     def _closed(self, stream: RunStream) -> None:
         self.open_streams -= 1
-        self.streams.discard(stream)
-        if not self.streams and self._none_open is not None:
+        if not self.open_streams and self._none_open is not None:
             self._none_open.set()
         period = stream.heartbeat
         group = self._beating.get(period)
