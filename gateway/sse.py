@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -25,6 +26,9 @@ from agent_gateway.bus import Bus
 from agent_gateway.http_server import JsonErrorRequestHandler
 from agent_gateway.journal import Journal
 from agent_gateway.models import Event, Run, sse_frames
+from agent_gateway.storage import StorageUnavailable
+
+log = logging.getLogger("agent_gateway.http")
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
@@ -346,14 +350,26 @@ class RunStream:
         except TimeoutError:
             # The client stopped reading for the send timeout: drop it. A graceful close would
             # wait for it to drain what is queued, which it never does.
-            if self._transport is not None:
-                self._transport.abort()
+            self._abort()
+        # The handler has returned: no middleware turns these into a JSON error any more, and
+        # the headers are out anyway. Log as the middleware would and drop the connection (the
+        # client resumes with Last-Event-ID).
+        except StorageUnavailable as exc:  # one line per stream, not a traceback
+            log.warning("storage unavailable on the stream of %s: %s", self.topic, exc)
+            self._abort()
+        except Exception:
+            log.exception("unhandled error on the stream of %s", self.topic)
+            self._abort()
         finally:
             self._close()
         try:
             await self._response.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
+
+    def _abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def _close(self) -> None:
         """Leave the heartbeat and the bus (counting this subscription's merges)."""
