@@ -20,7 +20,6 @@ and responses carry ``Access-Control-Allow-Origin``.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -75,10 +74,10 @@ class BrowserGuard:
         own = f"{request.scheme}://{request.host}".lower()
         return origin == own or origin in self.cors_origins
 
-    @web.middleware
-    async def middleware(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
+    def check(self, request: web.Request) -> web.Response | None:
+        """Before the route handler (the gateway's middleware calls it): raises
+        :class:`ApiError` 403 for a request the guard refuses; a CORS preflight's answer; None
+        to let the request through."""
         if not self.host_allowed(request.headers.get("Host")):
             raise ApiError(
                 403,
@@ -106,7 +105,7 @@ class BrowserGuard:
                     "client_signal_required",
                     f"a request without a body needs Content-Type: application/json or an {CLIENT_HEADER} header",
                 )
-        return await handler(request)
+        return None
 
     def preflight(self, origin: str) -> web.Response:
         if origin.rstrip("/").lower() not in self.cors_origins:

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -63,39 +62,37 @@ def _shaped_error(request: web.Request, status: int, code: str, message: str, **
     )
 
 
-@web.middleware
-async def json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    error_response = functools.partial(_shaped_error, request)
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        response = error_response(exc.status, exc.code, str(exc), **exc.extra)
+def json_error(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """The JSON error response for `exc`, raised while handling `request` (in the shape of the
+    route's plugin, if it has one). An HTTP exception below 400 (a redirect) is raised again.
+    Called by the gateway's one middleware (`agent_gateway.app.gateway_middleware`)."""
+    if isinstance(exc, ApiError):
+        response = _shaped_error(request, exc.status, exc.code, str(exc), **exc.extra)
         # When to retry: run admission's 429 (AdmissionRefused), or any refusal that says so in
         # its body (one another cluster instance made and this one relays).
         retry_after = getattr(exc, "retry_after", exc.extra.get("retryAfterSeconds"))
         if isinstance(retry_after, int) and not isinstance(retry_after, bool):
             response.headers["Retry-After"] = str(retry_after)
         return response
-    except StorageUnavailable as exc:  # the database is down: say so, without a traceback per request
+    if isinstance(exc, StorageUnavailable):  # the database is down: say so, without a traceback per request
         log.warning("storage unavailable on %s %s: %s", request.method, request.path, exc)
-        response = error_response(503, "storage_unavailable", "the gateway's database is unreachable; retry later")
+        response = _shaped_error(
+            request, 503, "storage_unavailable", "the gateway's database is unreachable; retry later"
+        )
         response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER_S)
         return response
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         message = exc.reason
         if exc.status == 413:
             message = "the request body exceeds the gateway's max_body_bytes limit"
-        response = error_response(exc.status, _HTTP_CODES.get(exc.status, "http_error"), message)
+        response = _shaped_error(request, exc.status, _HTTP_CODES.get(exc.status, "http_error"), message)
         if "Allow" in exc.headers:  # a 405 says which methods the path takes
             response.headers["Allow"] = exc.headers["Allow"]
         return response
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "internal_error", "internal error; see the gateway log")
+    log.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return _shaped_error(request, 500, "internal_error", "internal error; see the gateway log")
 
 
 # Request bodies nest a few levels (run context, tool arguments); anything deeper is refused

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -24,7 +25,10 @@ from aiohttp import hdrs, web
 from agent_gateway.bus import Bus
 from agent_gateway.http_server import JsonErrorRequestHandler
 from agent_gateway.journal import Journal
-from agent_gateway.models import Event, sse_frames
+from agent_gateway.models import Event, Run, sse_frames
+from agent_gateway.storage import StorageUnavailable
+
+log = logging.getLogger("agent_gateway.http")
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
@@ -40,7 +44,12 @@ class EventStreamResponse(web.StreamResponse):
     go out chunked (aiohttp's default for a body of unknown length). The kernel is asked to drop
     the connection when written data stays unacknowledged for the send timeout, so a vanished peer
     is found by the next write (a ping) even while the socket buffers still have room. Pings are
-    written by `RunStream`'s heartbeat: this response starts no task of its own."""
+    written by `RunStream`'s heartbeat: this response starts no task of its own.
+
+    The handler returns the response with its `stream` attached, unstarted; aiohttp then prepares
+    it and calls `write_eof`, whose first call runs the stream. So an open stream holds no frame
+    of the handler or the middleware (10,000 idle clients): only aiohttp's `finish_response` and
+    `RunStream.run`."""
 
     def __init__(
         self, *, status: int = 200, headers: Mapping[str, str] | None = None, send_timeout: float = SEND_TIMEOUT
@@ -55,13 +64,23 @@ class EventStreamResponse(web.StreamResponse):
         self._send_timeout = send_timeout
         self._tcp_socket: socket.socket | None = None
         self._saved_user_timeout = 0
+        self.stream: RunStream | None = None  # run by the first `write_eof`
 
     async def prepare(self, request: web.BaseRequest) -> Any:
         if not self.prepared:
             self._set_user_timeout(request)
         return await super().prepare(request)
 
-    async def write_eof(self, data: bytes = b"") -> None:
+    def write_eof(self, data: bytes = b"") -> Awaitable[None]:
+        """The first call (aiohttp's, once the handler has returned and the response is prepared)
+        runs the attached stream, which ends the body with a second call. Not a coroutine
+        function: the stream's coroutine is returned as is, no frame of this method waits on it."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            return stream.run()
+        return self._end(data)
+
+    async def _end(self, data: bytes) -> None:
         await super().write_eof(data)
         sock = self._tcp_socket
         if sock is not None and _TCP_USER_TIMEOUT is not None and sock.fileno() >= 0:
@@ -100,39 +119,52 @@ def _shared_frames(bus: Bus, topic: str, events: list[Event]) -> bytes:
     return blob
 
 
+class RunEnded:
+    """`is_finished` for the stream of a run: whether the run has ended. A slotted object, not a
+    lambda (a function and its closure cell: four times the size, one per open stream)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def __call__(self) -> bool:
+        return self.run.is_terminal
+
+
 class StreamStats:
     def __init__(self) -> None:
         self.delivered = 0
         self.replays = 0
         self.merges = 0
         self.open_streams = 0
-        self.streams: set[RunStream] = set()  # the open ones, for shutdown
         self._none_open: asyncio.Event | None = None
-        # Per heartbeat period, the open streams with it and the one timer that wakes them all
-        # (a timer per stream is a TimerHandle and a heap entry per idle client).
+        # The open streams by heartbeat period (each in one group: no second set of them all, at
+        # 10,000 idle clients), and per period the one timer that wakes them all (a timer per
+        # stream is a TimerHandle and a heap entry per idle client).
         self._beating: dict[float, set[RunStream]] = {}
         self._beat_timers: dict[float, asyncio.TimerHandle] = {}
 
     def stop_all(self, keep: Callable[[str], bool] = lambda topic: False) -> None:
         """Ask every open stream whose topic `keep` does not want to end (after writing what it has
         buffered); its client resumes with Last-Event-ID."""
-        for stream in list(self.streams):
-            if not keep(stream.topic):
-                stream.stop()
+        for group in list(self._beating.values()):
+            for stream in list(group):
+                if not keep(stream.topic):
+                    stream.stop()
 
     async def wait_closed(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every open stream to end; whether they all did."""
-        if not self.streams:
+        if not self.open_streams:
             return True
         self._none_open = self._none_open or asyncio.Event()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._none_open.wait()
-        return not self.streams
+        return not self.open_streams
 
     def _opened(self, stream: RunStream) -> None:
         self.open_streams += 1
-        self.streams.add(stream)
         if self._none_open is not None:
             self._none_open.clear()
         period = stream.heartbeat
@@ -144,8 +176,7 @@ class StreamStats:
 
     def _closed(self, stream: RunStream) -> None:
         self.open_streams -= 1
-        self.streams.discard(stream)
-        if not self.streams and self._none_open is not None:
+        if not self.open_streams and self._none_open is not None:
             self._none_open.set()
         period = stream.heartbeat
         group = self._beating.get(period)
@@ -183,6 +214,7 @@ class RunStream:
         "_beat",
         "_bus",
         "_can_write_directly",
+        "_capacity",
         "_chunked",
         "_encode",
         "_finished",
@@ -190,6 +222,7 @@ class RunStream:
         "_is_finished",
         "_journal",
         "_last",
+        "_merge_deltas",
         "_prelude",
         "_project",
         "_protocol",
@@ -238,11 +271,8 @@ class RunStream:
         self._encode = encode
         self._prelude = prelude
         self._journal = journal
-        # Subscribed before the first journal read, so no event falls between the two.
-        # merge_deltas=False: a full buffer always goes back to the journal, so the client's
-        # frames can be numbered per journal event (never a merged delta).
-        self._subscriber = bus.subscribe(topic, capacity, merge_deltas=merge_deltas)
-        self._wakeup = self._subscriber.wakeup
+        self._capacity = capacity
+        self._merge_deltas = merge_deltas
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
         self._chunked = False  # known once the response is prepared
@@ -258,8 +288,6 @@ class RunStream:
         self._finished = False  # a direct write delivered the terminal event
         self._stopping = False  # shutdown: write what is buffered, then end
         self._protocol = request.protocol if isinstance(request.protocol, JsonErrorRequestHandler) else None
-        if self._protocol is not None:  # the client left: end now, not at the next heartbeat
-            self._protocol.on_connection_lost = self.stop
 
     def stop(self) -> None:
         """End the stream after writing what its buffer holds (the gateway is stopping)."""
@@ -278,14 +306,17 @@ class RunStream:
         self._beat = True
         self._wakeup.set()
 
-    async def run(self, request: web.Request) -> web.StreamResponse:
-        """Prepare the response, stream, and end it; the response, for the handler to return.
-        Subscribed already (in `__init__`): nothing published meanwhile is missed."""
-        try:
-            await self._response.prepare(request)
-        except BaseException:
-            self._leave()
-            raise
+    async def run(self) -> None:
+        """Stream on the prepared response, and end it (called by its first `write_eof`). Nothing
+        is held in the bus or the stats before this starts: a response aiohttp never gets to
+        (the client left while it was prepared) leaves nothing behind."""
+        # Subscribed before the first journal read, so no event falls between the two.
+        # merge_deltas=False: a full buffer always goes back to the journal, so the client's
+        # frames can be numbered per journal event (never a merged delta).
+        self._subscriber = self._bus.subscribe(self._topic, self._capacity, merge_deltas=self._merge_deltas)
+        self._wakeup = self._subscriber.wakeup
+        if self._protocol is not None:  # the client left: end now, not at the next heartbeat
+            self._protocol.on_connection_lost = self.stop
         self._chunked = "chunked" in self._response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
         self._stats._opened(self)
         try:
@@ -319,15 +350,26 @@ class RunStream:
         except TimeoutError:
             # The client stopped reading for the send timeout: drop it. A graceful close would
             # wait for it to drain what is queued, which it never does.
-            if self._transport is not None:
-                self._transport.abort()
+            self._abort()
+        # The handler has returned: no middleware turns these into a JSON error any more, and
+        # the headers are out anyway. Log as the middleware would and drop the connection (the
+        # client resumes with Last-Event-ID).
+        except StorageUnavailable as exc:  # one line per stream, not a traceback
+            log.warning("storage unavailable on the stream of %s: %s", self.topic, exc)
+            self._abort()
+        except Exception:
+            log.exception("unhandled error on the stream of %s", self.topic)
+            self._abort()
         finally:
             self._close()
         try:
             await self._response.write_eof()
         except (ConnectionResetError, RuntimeError):
             pass
-        return self._response
+
+    def _abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
 
     def _close(self) -> None:
         """Leave the heartbeat and the bus (counting this subscription's merges)."""
@@ -436,7 +478,7 @@ class RunStream:
         return True
 
 
-def stream_run(
+async def stream_run(
     request: web.Request,
     *,
     status: int = 200,
@@ -454,7 +496,7 @@ def stream_run(
     prelude: bytes = b"",
     headers: Mapping[str, str] | None = None,
     merge_deltas: bool = True,
-) -> Coroutine[Any, Any, web.StreamResponse]:
+) -> web.StreamResponse:
     """Stream `topic` (a run id, or a workspace's topic) after `after_seq` until its terminal event.
 
     `is_finished()` tells whether the topic can have no later events (a finished run whose
@@ -468,12 +510,13 @@ def stream_run(
     A write that cannot go out within `send_timeout` seconds (the client stopped reading) ends the
     stream and drops the connection.
 
-    Await the result (`return await stream_run(...)`): not a coroutine function itself, so a
-    waiting stream holds no frame of it (10,000 idle clients), only `RunStream.run`'s.
+    Returns the response, unprepared, for the handler to return (`return await stream_run(...)`):
+    aiohttp prepares it and calls its `write_eof`, which runs the stream. So nothing of the
+    handler or of the middleware stays alive while the stream waits (10,000 idle clients).
     """
     # Any method may answer with a stream (a POST for create-and-stream and other protocols).
     response = EventStreamResponse(status=status, headers=headers, send_timeout=send_timeout)
-    stream = RunStream(
+    response.stream = RunStream(
         request,
         response,
         topic=topic,
@@ -490,4 +533,4 @@ def stream_run(
         prelude=prelude,
         merge_deltas=merge_deltas,
     )
-    return stream.run(request)
+    return response

@@ -12,7 +12,7 @@ from agent_gateway.errors import ApiError, error_response, read_json
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
 from agent_gateway.preferences import apply_run_defaults
 from agent_gateway.runs import AdmissionRefused
-from agent_gateway.sse import stream_run
+from agent_gateway.sse import RunEnded, stream_run
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -39,10 +39,16 @@ RUN_ID_HEADER = "X-Host-Run-Id"
 STREAM_FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 
 
+def _query(request: web.Request, name: str) -> str | None:
+    """A query parameter. The parsed query is cached on the request, which an open stream keeps:
+    a request without a query string (most streams) does not build it."""
+    return request.query.get(name) if request.rel_url.raw_query_string else None
+
+
 def _wants_stream(request: web.Request) -> bool:
     """Create-and-stream: `?stream=1`, or an Accept header asking for text/event-stream and not
     for JSON (an Accept naming both keeps the JSON receipt)."""
-    flag = request.query.get("stream")
+    flag = _query(request, "stream")
     if flag is not None:
         if flag not in STREAM_FLAGS:
             raise ApiError(400, "invalid_request", f"stream must be 1, true, 0 or false, got {flag[:40]!r}")
@@ -66,7 +72,9 @@ class RunRoutes:
         return run
 
     def _projection(self, request: web.Request) -> Any:
-        name = request.query.get("projection", "ui")
+        name = _query(request, "projection")
+        if name is None:
+            name = "ui"
         project = self.gw.projections.get(name)
         if project is ui_projection or (name == "ui" and project is None):
             return None  # the fast path: the event's own wire JSON
@@ -125,7 +133,7 @@ class RunRoutes:
     async def stream(self, request: web.Request) -> web.StreamResponse:
         run = await self._run(request)
         header = request.headers.get("Last-Event-ID")
-        after = _cursor(header, "Last-Event-ID") if header else _cursor(request.query.get("afterSeq"), "afterSeq")
+        after = _cursor(header, "Last-Event-ID") if header else _cursor(_query(request, "afterSeq"), "afterSeq")
         return await self._stream(request, run, after, self._projection(request))
 
     async def _stream(
@@ -145,7 +153,7 @@ class RunRoutes:
             journal=self.gw.journal,
             bus=self.gw.bus,
             after_seq=after,
-            is_finished=lambda: run.is_terminal,
+            is_finished=RunEnded(run),
             capacity=self.gw.stream_capacity,
             heartbeat=self.gw.heartbeat,
             stats=self.gw.stream_stats,
