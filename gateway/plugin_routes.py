@@ -24,7 +24,7 @@ from aiohttp import web
 from agent_gateway.errors import ErrorShape
 from agent_gateway.plugin_host import PluginError
 from agent_gateway.preferences import apply_run_defaults, load_values
-from agent_gateway.sse import stream_run
+from agent_gateway.sse import RunEnded, stream_run
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -184,7 +184,11 @@ class PluginRoutes:
         A client that falls behind its buffer gets text deltas merged (``mergedFrom``,
         ``mergedCount``); with ``merge_deltas=False`` it is replayed from the journal instead, so
         ``encode`` sees every journal event unmerged (frames numbered per event stay dense).
-        Get ``run`` with :meth:`run` so it is the caller's."""
+        Get ``run`` with :meth:`run` so it is the caller's.
+
+        Return the response from the handler as it is: the stream starts once aiohttp has sent
+        its headers (from the response's ``write_eof``), so an open stream holds no frame of the
+        handler or the middleware; do not write to it yourself."""
         gateway = self._gateway
         return await stream_run(
             request,
@@ -192,7 +196,7 @@ class PluginRoutes:
             journal=gateway.journal,
             bus=gateway.bus,
             after_seq=after_seq,
-            is_finished=lambda: run.is_terminal,
+            is_finished=RunEnded(run),
             capacity=gateway.stream_capacity,
             heartbeat=gateway.heartbeat,
             stats=gateway.stream_stats,
