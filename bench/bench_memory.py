@@ -9,8 +9,10 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
   create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
   gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB);
   then "settled": RSS once the gateway's own trimmer has made its pass after the last run (the
-  bench forces nothing; up to 15 s, `passed: false` if no pass came), also minus the baseline;
-  then RSS after a forced `gc.collect()` + `malloc_trim(0)`.
+  bench forces nothing; up to 15 s, `passed: false` if no pass came), also minus the baseline
+  and minus the same settled level taken after run 10 (a baseline that does not depend on
+  whether a sample caught a run's memory before or after a trim); then RSS after a forced
+  `gc.collect()` + `malloc_trim(0)`.
   `--gateway-env KEY=VALUE` sets the gateway process's environment (allocator experiments:
   `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`).
   With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
@@ -126,12 +128,14 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
         """Until the gateway's own trimmer has made a pass (started after the last run ended, and
         done), at most SETTLED_WAIT_SECONDS; never collects or trims itself."""
         started = time.monotonic()
-        while time.monotonic() - started < SETTLED_WAIT_SECONDS:
-            passed, running = getattr(trimmer, "_last", None), trimmer._running
-            if passed is not None and passed >= last_end[0] and running is not None and running.done():
-                return web.json_response({"passed": True, "waited_s": round(time.monotonic() - started, 2)})
-            await asyncio.sleep(0.05)
-        return web.json_response({"passed": False, "waited_s": round(time.monotonic() - started, 2)})
+        passed = False
+        while not passed and time.monotonic() - started < SETTLED_WAIT_SECONDS:
+            last, running = getattr(trimmer, "_last", None), trimmer._running
+            passed = last is not None and last >= last_end[0] and running is not None and running.done()
+            if not passed:
+                await asyncio.sleep(0.05)
+        counts = {name: getattr(trimmer, name, None) for name in ("trims", "collections", "collected")}
+        return web.json_response({"passed": passed, "waited_s": round(time.monotonic() - started, 2), **counts})
 
     app.router.add_get(SETTLED_PATH, settled)
     runner = web.AppRunner(app, access_log=None)
@@ -202,7 +206,16 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
             if number == min(10, runs):
                 baseline = _rss_kb(pid)
                 samples.append((number, baseline))
-                print(json.dumps({"run": number, "rss_mb": round(baseline / 1024, 1)}), flush=True)
+                # The same level once the trimmer has passed: a baseline that does not depend on
+                # whether the sample caught the last run's memory before or after a trim.
+                settled_10_pass = await (await http.get(url + SETTLED_PATH)).json()
+                settled_10 = _rss_kb(pid)
+                print(
+                    json.dumps(
+                        {"run": number, "rss_mb": round(baseline / 1024, 1), "settled": round(settled_10 / 1024, 1)}
+                    ),
+                    flush=True,
+                )
                 if trace:
                     heap["first_10_runs_left"] = await (await http.get(url + HEAP_PATH + "?diff=start")).json()
                     await (await http.get(url + HEAP_PATH + "?mark=baseline")).read()
@@ -229,6 +242,9 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
         "rss_mb_settled": round(settled / 1024, 1),
         "rss_mb_settled_minus_after_10": round((settled - baseline) / 1024, 1),
         "settled_after_trimmer_pass": settled_pass,
+        "rss_mb_after_10_runs_settled": round(settled_10 / 1024, 1),
+        "after_10_runs_trimmer_pass": settled_10_pass,
+        "rss_mb_settled_minus_after_10_settled": round((settled - settled_10) / 1024, 1),
         "rss_mb_max": round(max(kb for _, kb in samples) / 1024, 1),
         "rss_mb_at_end_after_gc_and_malloc_trim": round(trimmed / 1024, 1),
         "largest_mappings_mb": mappings,
