@@ -14,7 +14,8 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
   whether a sample caught a run's memory before or after a trim); then RSS after a forced
   `gc.collect()` + `malloc_trim(0)`.
   `--gateway-env KEY=VALUE` sets the gateway process's environment (allocator experiments:
-  `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`).
+  `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`; and
+  `BENCH_TRIMMER_BUSY_PASS_EVERY=SECONDS`, the heap trimmer's busy period).
   With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
   RSS is not the figure) and the report lists the source lines whose memory grew most between
   the baseline and the end.
@@ -116,6 +117,9 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
 
     # When the last run ended, noted before the gateway's trimmer hears of it (first listener).
     trimmer = app[GATEWAY_KEY].heap_trimmer
+    busy_pass_every = os.environ.get("BENCH_TRIMMER_BUSY_PASS_EVERY")  # an experiment's override
+    if busy_pass_every and hasattr(trimmer, "busy_pass_every"):
+        trimmer.busy_pass_every = float(busy_pass_every)
     last_end = [time.monotonic()]
 
     def note_end(run: Any) -> None:
