@@ -7,9 +7,15 @@ fairness benchmark's upstream (its own process, every answer written as fast as 
 
 - runs: `--runs` runs one after another, each in a new session and read to its end by one
   create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
-  gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB).
+  gives RSS every 50 runs and at the end, and the end minus the baseline (goal: within 20 MB);
+  then "settled": RSS once the gateway's own trimmer has made its pass after the last run (the
+  bench forces nothing; up to 15 s, `passed: false` if no pass came), also minus the baseline
+  and minus the same settled level taken after run 10 (a baseline that does not depend on
+  whether a sample caught a run's memory before or after a trim); then RSS after a forced
+  `gc.collect()` + `malloc_trim(0)`.
   `--gateway-env KEY=VALUE` sets the gateway process's environment (allocator experiments:
-  `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`).
+  `PYTHONMALLOC=malloc`, `MALLOC_ARENA_MAX=2`, `MALLOC_MMAP_THRESHOLD_=262144`; and
+  `BENCH_TRIMMER_BUSY_PASS_EVERY=SECONDS`, the heap trimmer's busy period).
   With `--tracemalloc` the gateway traces allocations (slower, and it costs memory itself: its
   RSS is not the figure) and the report lists the source lines whose memory grew most between
   the baseline and the end.
@@ -43,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ENV, ROOT, load
 
 HEAP_PATH = "/bench/heap"
+SETTLED_PATH = "/bench/settled"
+SETTLED_WAIT_SECONDS = 15.0  # longer than the trimmer's idle period (5 s): main's trimmer may not pass at all
 
 
 def _raise_fd_limit() -> int:
@@ -53,7 +61,7 @@ def _raise_fd_limit() -> int:
 
 # -- the gateway (its own process) -----------------------------------------------------------------
 async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
-    from agent_gateway.app import create_app
+    from agent_gateway.app import GATEWAY_KEY, create_app
     from agent_gateway.cli import tune_gc_for_serving
     from agent_gateway.config import Config
     from agent_gateway.plugin_host import PluginHost
@@ -106,6 +114,34 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
         return web.json_response({"traced_kb": traced // 1024, "grew_kb": grew_kb, "top": top})
 
     app.router.add_get(HEAP_PATH, heap)
+
+    # When the last run ended, noted before the gateway's trimmer hears of it (first listener).
+    trimmer = app[GATEWAY_KEY].heap_trimmer
+    busy_pass_every = os.environ.get("BENCH_TRIMMER_BUSY_PASS_EVERY")  # an experiment's override
+    if busy_pass_every and hasattr(trimmer, "busy_pass_every"):
+        trimmer.busy_pass_every = float(busy_pass_every)
+    last_end = [time.monotonic()]
+
+    def note_end(run: Any) -> None:
+        if run.is_terminal:
+            last_end[0] = time.monotonic()
+
+    app[GATEWAY_KEY].runs.listeners.insert(0, note_end)
+
+    async def settled(request: web.Request) -> web.Response:
+        """Until the gateway's own trimmer has made a pass (started after the last run ended, and
+        done), at most SETTLED_WAIT_SECONDS; never collects or trims itself."""
+        started = time.monotonic()
+        passed = False
+        while not passed and time.monotonic() - started < SETTLED_WAIT_SECONDS:
+            last, running = getattr(trimmer, "_last", None), trimmer._running
+            passed = last is not None and last >= last_end[0] and running is not None and running.done()
+            if not passed:
+                await asyncio.sleep(0.05)
+        counts = {name: getattr(trimmer, name, None) for name in ("trims", "collections", "collected")}
+        return web.json_response({"passed": passed, "waited_s": round(time.monotonic() - started, 2), **counts})
+
+    app.router.add_get(SETTLED_PATH, settled)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     tune_gc_for_serving()  # as `agent-gateway serve` does
@@ -174,7 +210,16 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
             if number == min(10, runs):
                 baseline = _rss_kb(pid)
                 samples.append((number, baseline))
-                print(json.dumps({"run": number, "rss_mb": round(baseline / 1024, 1)}), flush=True)
+                # The same level once the trimmer has passed: a baseline that does not depend on
+                # whether the sample caught the last run's memory before or after a trim.
+                settled_10_pass = await (await http.get(url + SETTLED_PATH)).json()
+                settled_10 = _rss_kb(pid)
+                print(
+                    json.dumps(
+                        {"run": number, "rss_mb": round(baseline / 1024, 1), "settled": round(settled_10 / 1024, 1)}
+                    ),
+                    flush=True,
+                )
                 if trace:
                     heap["first_10_runs_left"] = await (await http.get(url + HEAP_PATH + "?diff=start")).json()
                     await (await http.get(url + HEAP_PATH + "?mark=baseline")).read()
@@ -184,6 +229,9 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
         if trace:
             heap["grew_after_10_runs"] = await (await http.get(url + HEAP_PATH + "?diff=baseline")).json()
         end = samples[-1][1]
+        # Settled: after the gateway's own trimmer pass that follows the last run (no forced collect).
+        settled_pass = await (await http.get(url + SETTLED_PATH)).json()
+        settled = _rss_kb(pid)
         await (await http.get(url + HEAP_PATH + "?trim=1")).read()
         trimmed = _rss_kb(pid)
         mappings = _largest_mappings(pid)
@@ -195,6 +243,12 @@ async def _runs(url: str, pid: int, runs: int, deltas: int, trace: bool) -> dict
         "rss_mb_after_10_runs": round(baseline / 1024, 1),
         "rss_mb_at_end": round(end / 1024, 1),
         "rss_mb_end_minus_after_10": round((end - baseline) / 1024, 1),
+        "rss_mb_settled": round(settled / 1024, 1),
+        "rss_mb_settled_minus_after_10": round((settled - baseline) / 1024, 1),
+        "settled_after_trimmer_pass": settled_pass,
+        "rss_mb_after_10_runs_settled": round(settled_10 / 1024, 1),
+        "after_10_runs_trimmer_pass": settled_10_pass,
+        "rss_mb_settled_minus_after_10_settled": round((settled - settled_10) / 1024, 1),
         "rss_mb_max": round(max(kb for _, kb in samples) / 1024, 1),
         "rss_mb_at_end_after_gc_and_malloc_trim": round(trimmed / 1024, 1),
         "largest_mappings_mb": mappings,

@@ -4,13 +4,23 @@ A run of 20,000 deltas allocates and frees tens of megabytes across the loop and
 threads. glibc keeps freed pages in its arenas, fragmented, so RSS climbed run after run (from
 129 to 369 MB over 1,000 runs in `bench/bench_memory.py`) though the Python heap did not grow
 (tracemalloc: flat). `malloc_trim(0)` returns those pages; it runs on a worker thread (ctypes
-releases the GIL), at most once per `TRIM_EVERY` seconds, after a run ends, right after a full
-garbage collection on the loop.
+releases the GIL).
 
-Cycles freed by a run wait for a full collection, which the serving GC thresholds
-(`tune_gc_for_serving`) make rare; each can hold a run's buffers and pin the allocator's pages, so
-a full `gc.collect()` on the loop comes right before each trim (3-14 ms, measured under load).
-Serving with `PYTHONMALLOC=malloc` was measured too and settled worse (see docs/performance.md).
+When a pass runs:
+- idle pass: the last active run just ended. A full `gc.collect()` on the loop (3-14 ms, longer
+  with a big run in memory) and then the trim. Nothing is streaming, so the collection delays no
+  one's events. At most once per `IDLE_PASS_EVERY` seconds; an idle end inside that period
+  schedules one pass at its end (if the gateway is still idle then), so memory always settles
+  after the last run.
+- busy pass: a gateway that is never idle trims when a run ends, at most once per
+  `BUSY_PASS_EVERY` seconds, without the collection (it would land in other runs' streams).
+
+Why a collection at all: the serving GC thresholds (`tune_gc_for_serving`) make full collections
+rare, and garbage in reference cycles pins allocator pages the trim cannot return. The gateway's
+own per-run cycle (a finished run's turn and its callbacks) is broken where the run ends
+(`RunManager._finish`), so what the idle collection still finds is other code's (runtimes,
+libraries: asyncio's closed transports keep a bound method of themselves). Serving with
+`PYTHONMALLOC=malloc` was measured too and settled worse (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,7 +37,11 @@ from typing import Any
 
 log = logging.getLogger("agent_gateway.allocator")
 
-TRIM_EVERY = 5.0  # seconds; a collection and a trim take a few milliseconds each
+# Seconds between two idle passes (collection + trim): a stream of short runs, each ending with the
+# gateway idle, costs at most one collection per period.
+IDLE_PASS_EVERY = 5.0
+# Seconds between two passes (trim only) of a gateway that always has a run active.
+BUSY_PASS_EVERY = 60.0
 
 
 def _find_malloc_trim() -> Callable[[int], Any] | None:
@@ -42,29 +56,62 @@ def _find_malloc_trim() -> Callable[[int], Any] | None:
 
 
 class HeapTrimmer:
-    def __init__(self, executor: Executor | None) -> None:
+    """A run listener (`after_run`); `active_runs` counts the runs the gateway is executing."""
+
+    def __init__(self, executor: Executor | None, active_runs: Callable[[], int]) -> None:
         self._trim = _find_malloc_trim()
         self._executor = executor
-        self._last = 0.0
+        self._active_runs = active_runs
+        self.idle_pass_every = IDLE_PASS_EVERY
+        self.busy_pass_every = BUSY_PASS_EVERY
+        self._created = time.monotonic()
+        self._last: float | None = None  # when the last pass started
         self._running: asyncio.Future[Any] | None = None
+        self._deferred: asyncio.TimerHandle | None = None
         self.trims = 0
-        self.collected = 0  # unreachable objects the collections before trims found
+        self.collections = 0
+        self.collected = 0  # unreachable objects the idle passes' collections found
 
     def after_run(self, run: Any) -> None:
-        """A run listener: trim once a run has ended, unless a trim ran in the last TRIM_EVERY s."""
+        """Trim once a run has ended: now if the gateway is idle (or soon, see the module's
+        docstring), else only if no pass ran for `busy_pass_every` seconds."""
         if self._trim is None or not getattr(run, "is_terminal", False):
             return
         now = time.monotonic()
-        if now - self._last < TRIM_EVERY or (self._running is not None and not self._running.done()):
-            return
-        self._last = now
-        # Cycles freed by the run wait for a full collection, which the serving GC thresholds make
-        # rare, and each can hold a run's buffers: collect first, or the trim finds them in use.
-        started = time.perf_counter()
-        self.collected += gc.collect()
-        log.debug("collected garbage in %.1f ms before the trim", 1000 * (time.perf_counter() - started))
+        if self._active_runs() == 0:
+            wait = 0.0 if self._last is None else self._last + self.idle_pass_every - now
+            if wait <= 0:
+                self._pass(collect=True)
+            elif self._deferred is None:
+                self._deferred = asyncio.get_running_loop().call_later(wait, self._deferred_idle_pass)
+        elif now - (self._created if self._last is None else self._last) >= self.busy_pass_every:
+            self._pass(collect=False)
+
+    def _deferred_idle_pass(self) -> None:
+        self._deferred = None
+        if self._active_runs() == 0:  # else the next run to end decides
+            self._pass(collect=True)
+
+    def _pass(self, collect: bool) -> None:
+        if self._running is not None and not self._running.done():
+            return  # a trim is under way; it frees what this one would
+        self._last = time.monotonic()
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
+        if collect:
+            started = time.perf_counter()
+            self.collected += gc.collect()
+            self.collections += 1
+            log.debug("collected garbage in %.1f ms before the trim", 1000 * (time.perf_counter() - started))
         self._running = asyncio.get_running_loop().run_in_executor(self._executor, self._trim, 0)
         self._running.add_done_callback(self._done)
+
+    def stop(self) -> None:
+        """Drop a scheduled pass (the gateway is stopping)."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
 
     def _done(self, future: asyncio.Future[Any]) -> None:
         if future.cancelled():

@@ -168,7 +168,7 @@ class Gateway:
         )
         self.watcher = Watcher(self)
         # Freed heap pages go back to the system after runs end: RSS settles between runs.
-        self.heap_trimmer = HeapTrimmer(None)
+        self.heap_trimmer = HeapTrimmer(None, lambda: len(self.runs.active_runs()))
         self.runs.listeners.append(self.heap_trimmer.after_run)
 
     def actor_for(self, request: web.Request) -> str:
@@ -251,6 +251,7 @@ class Gateway:
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()
         await self.maintenance.stop()
+        self.heap_trimmer.stop()
         await self.journal.close()
         self.loop_monitor.stop()
         loop = asyncio.get_running_loop()

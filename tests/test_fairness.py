@@ -199,7 +199,7 @@ async def test_the_heap_is_trimmed_after_a_run_ends_at_most_once_per_period(make
     async with asyncio.timeout(WAIT):
         while trimmer.trims < 1:  # noqa: ASYNC110 (the trim runs on a worker thread)
             await asyncio.sleep(0.005)
-    await run_to_end(client, run_body("two"))  # within TRIM_EVERY of the first: no second trim
+    await run_to_end(client, run_body("two"))  # within IDLE_PASS_EVERY of the first: no second trim yet
     assert trimmer.trims == 1 and trimmer._running is not None and trimmer._running.done()
 
 

@@ -99,16 +99,23 @@ class ChatOnlyRuntime:
             stream.cancel()  # closes the upstream response and its connection
             await asyncio.gather(stream, return_exceptions=True)
             return TurnOutcome("cancelled", "cancelled by the client; upstream request closed")
-        try:
-            text = stream.result()
-        except UpstreamError as exc:
-            return TurnOutcome("failed", str(exc))
-        except TimeoutError:
+        # The stream's error is looked at, not re-raised here: raised, its traceback would take
+        # this frame, whose locals hold the task that holds the error (a reference cycle, freed
+        # only by a full collection, keeping the turn and its text until then).
+        error = stream.exception()
+        if error is None:
+            await turn.emit("message.completed", {"text": stream.result()})
+            return TurnOutcome("completed")
+        if isinstance(error, UpstreamError):
+            return TurnOutcome("failed", str(error))
+        if isinstance(error, TimeoutError):
             return TurnOutcome("failed", f"upstream sent nothing for {self.idle_timeout:g} s")
-        except aiohttp.ClientError as exc:
-            return TurnOutcome("failed", f"cannot reach upstream {self.base_url}: {exc}")
-        await turn.emit("message.completed", {"text": text})
-        return TurnOutcome("completed")
+        if isinstance(error, aiohttp.ClientError):
+            return TurnOutcome("failed", f"cannot reach upstream {self.base_url}: {error}")
+        try:
+            raise error
+        finally:
+            del error, stream, done  # (the same cycle, through the traceback of the raise)
 
     async def _stream(self, turn: Turn) -> str:
         body: dict[str, Any] = {
