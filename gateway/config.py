@@ -19,6 +19,9 @@ ENV_PREFIX = "AGENT_GATEWAY__"
 CONFIG_ENV = "AGENT_GATEWAY_CONFIG"
 # A retention longer than this (100 years) is a typo, not a policy.
 MAX_RETAIN_DAYS = 36_500
+# [gateway] gil_switch_interval_ms: below 0.1 ms threads would hand the GIL over more than they run.
+MIN_SWITCH_INTERVAL_MS = 0.1
+MAX_SWITCH_INTERVAL_MS = 100.0
 
 Validator = Callable[[dict[str, Any]], list[tuple[str, str]]]
 
@@ -73,6 +76,14 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("shutdown_grace_seconds", "must be 0 or more"))
     if section["loop_lag_warn_ms"] < 0:
         problems.append(("loop_lag_warn_ms", "must be 0 (no log line) or more"))
+    switch_ms = section["gil_switch_interval_ms"]
+    if switch_ms != 0 and not MIN_SWITCH_INTERVAL_MS <= switch_ms <= MAX_SWITCH_INTERVAL_MS:
+        problems.append(
+            (
+                "gil_switch_interval_ms",
+                f"must be 0 (Python's default) or {MIN_SWITCH_INTERVAL_MS:g}..{MAX_SWITCH_INTERVAL_MS:g}",
+            )
+        )
     public_url = section["public_url"]
     if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
         problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
@@ -141,6 +152,7 @@ CORE_SECTIONS = [
             "stream_send_timeout_seconds": 60.0,
             "shutdown_grace_seconds": 5.0,
             "loop_lag_warn_ms": 100.0,
+            "gil_switch_interval_ms": 0.0,
             "allowed_hosts": [],
             "cors_origins": [],
             "public_url": "",

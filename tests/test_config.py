@@ -426,3 +426,26 @@ def test_config_show_masks_agent_env_and_url_credentials_at_any_depth(tmp_path: 
     shown = json.loads(result.output)
     assert shown["acp_agents"]["my-agent"]["env"] == {"MY_PROVIDER_KEY": "***", "REGION": "***"}
     assert shown["acp_agents"]["my-agent"]["command"] == ["my-agent", "acp"]  # the rest stays readable
+
+
+def test_gil_switch_interval_is_checked_and_applied_by_serve(tmp_path: Path) -> None:
+    import sys
+
+    from agent_gateway.cli import set_gil_switch_interval
+
+    for value, ok in ((0, True), (0.5, True), (100, True), (0.01, False), (-1, False), (1000, False)):
+        path = write(tmp_path, f"[gateway]\ngil_switch_interval_ms = {value}\n")
+        problems = load(path).problems()
+        assert (
+            problems == []
+            if ok
+            else problems == [f"{path}: gateway.gil_switch_interval_ms: must be 0 (Python's default) or 0.1..100"]
+        ), value
+    before = sys.getswitchinterval()
+    try:
+        set_gil_switch_interval(0.0)  # 0: Python's own
+        assert sys.getswitchinterval() == before
+        set_gil_switch_interval(0.5)
+        assert sys.getswitchinterval() == 0.0005
+    finally:
+        sys.setswitchinterval(before)
