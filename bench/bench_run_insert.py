@@ -12,17 +12,6 @@ stores a new run row every few milliseconds and times it. Alternating, in each r
 
 Prints the p50/p99 of the row's store time per mode and the producer's throughput, as same-run
 ratios (after over before).
-
-    python bench/bench_run_insert.py --compare writer-turns|checkpoints [--side-writers 2]
-
-Both modes with `Journal.write`, while `--side-writers` more writers (as the session indexer,
-receipts and status updates are) each store a row every few milliseconds:
-
-- `writer-turns`: before, each writer meets the others at SQLite's writer lock, and one that finds
-  it taken sleeps in SQLite's busy handler; after, the storage's writers take turns on a lock in
-  the process (the default).
-- `checkpoints`: before, SQLite checkpoints the write-ahead log inside whichever commit takes it
-  past 1,000 pages; after, the storage's own thread does (the default).
 """
 
 from __future__ import annotations
@@ -62,28 +51,12 @@ def _run_row() -> Run:
     )
 
 
-class _NoTurns:
-    """In place of the storage's writer lock: every writer goes straight to SQLite's own lock."""
-
-    def acquire(self, timeout: float = -1) -> bool:
-        return False
-
-    def release(self) -> None:
-        raise AssertionError("never acquired")
-
-
-async def _round(
-    directory: Path, mode: str, deltas: int, compare: str, side_writers: int
-) -> dict[str, float | list[float]]:
-    background_checkpoints = not (mode == "before" and compare == "checkpoints")
-    path = directory / f"{mode}{secrets.token_hex(3)}.db"
-    storage = PeeweeStorage(f"sqlite:///{path}", background_checkpoints=background_checkpoints)
+async def _round(directory: Path, mode: str, deltas: int) -> dict[str, float | list[float]]:
+    storage = PeeweeStorage(f"sqlite:///{directory / (mode + secrets.token_hex(3))}.db")
     storage.open()
-    executor = ThreadPoolExecutor(4 + side_writers)
+    executor = ThreadPoolExecutor(4)
     journal = Journal(storage, Bus(), directory / "spool", read_executor=executor)
-    if mode == "before" and compare == "writer-turns":
-        storage._sqlite_writer = _NoTurns()  # type: ignore[assignment]
-    elif mode == "before" and compare == "journal-write":  # group commits of up to batch_max events, as on main
+    if mode == "before":  # group commits of up to batch_max events, as on main
         journal._adapt_commit_limit = lambda count, seconds: None  # type: ignore[method-assign]
     await journal.start()
     loop = asyncio.get_running_loop()
@@ -111,33 +84,26 @@ async def _round(
                 return
             row = _run_row()
             start = time.perf_counter()
-            if mode == "before" and compare == "journal-write":
+            if mode == "before":
                 await loop.run_in_executor(executor, storage.insert_run, row)
             else:
                 await journal.write(storage.insert_run, row)
             samples.append((time.perf_counter() - start) * 1000)
             await asyncio.sleep(0.005)  # probe pacing
 
-    async def side_writer(index: int) -> None:
-        for count in range(100_000):
-            if done.is_set():
-                return
-            await loop.run_in_executor(executor, storage.put_preferences, f"side-{index}", {"n": count})
-            await asyncio.sleep(0.003)  # pacing
-
-    rate, *_ = await asyncio.gather(produce(), probe(), *(side_writer(i) for i in range(side_writers)))
+    rate, _ = await asyncio.gather(produce(), probe())
     await journal.close()
     storage.close()
     executor.shutdown()
     return {"rate": rate, "samples": samples}
 
 
-async def _bench(deltas: int, rounds: int, compare: str, side_writers: int) -> None:
+async def _bench(deltas: int, rounds: int) -> None:
     results: dict[str, dict[str, list[float]]] = {m: {"rate": [], "samples": []} for m in ("before", "after")}
     with tempfile.TemporaryDirectory() as directory:
         for index in range(rounds):
             for mode in ("before", "after") if index % 2 == 0 else ("after", "before"):
-                result = await _round(Path(directory), mode, deltas, compare, side_writers)
+                result = await _round(Path(directory), mode, deltas)
                 results[mode]["rate"].append(result["rate"])  # type: ignore[arg-type]
                 results[mode]["samples"] += result["samples"]  # type: ignore[arg-type]
     summary = {}
@@ -154,23 +120,15 @@ async def _bench(deltas: int, rounds: int, compare: str, side_writers: int) -> N
     summary["after_over_before"] = {
         key: round(after[key] / before[key], 3) for key in ("insert_p50_ms", "insert_p99_ms", "rate")
     }
-    report = {"deltas": deltas, "rounds": rounds, "compare": compare, "side_writers": side_writers, "load": load()}
-    print(json.dumps({**report, **summary}, indent=1))
+    print(json.dumps({"deltas": deltas, "rounds": rounds, "load": load(), **summary}, indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deltas", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--compare", choices=("journal-write", "writer-turns", "checkpoints"), default="journal-write")
-    parser.add_argument(
-        "--side-writers", type=int, default=None, help="other writers (default: 2 but for journal-write)"
-    )
     args = parser.parse_args()
-    side_writers = args.side_writers
-    if side_writers is None:
-        side_writers = 0 if args.compare == "journal-write" else 2
-    asyncio.run(_bench(args.deltas, args.rounds, args.compare, side_writers))
+    asyncio.run(_bench(args.deltas, args.rounds))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ from playhouse import db_url
 
 from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
 
-from .checkpoint import WAL_SIZE_LIMIT_BYTES, WalCheckpointer
 from .maintenance import MaintenanceMixin
 from .sessions import SessionIndexMixin
 
@@ -310,8 +309,6 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         table_prefix: str = DEFAULT_TABLE_PREFIX,
         schema: str | None = None,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
-        background_checkpoints: bool = True,
-        wal_size_limit_bytes: int = WAL_SIZE_LIMIT_BYTES,
     ) -> None:
         scheme = url_scheme(url)
         if scheme not in SUPPORTED_SCHEMES:
@@ -329,28 +326,21 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
             if path in ("", ":memory:"):
                 raise ValueError("an in-memory SQLite journal is not supported (one per thread)")
             self.path: Path | None = Path(path)
-            self.checkpointer: WalCheckpointer | None = None
             timeout_s = busy_timeout_ms / 1000
-            pragmas: dict[str, Any] = {
-                "journal_mode": "wal",
-                "synchronous": 1,  # NORMAL: durable across process crashes, fast in WAL
-                "busy_timeout": busy_timeout_ms,
-                "foreign_keys": 0,
-            }
-            if background_checkpoints:  # no commit checkpoints; the checkpointer's thread does
-                pragmas["wal_autocheckpoint"] = 0
-                pragmas["journal_size_limit"] = wal_size_limit_bytes
-                self.checkpointer = WalCheckpointer(Path(path), busy_timeout_s=timeout_s)
             self.database = _SqliteDatabase(
                 path,
-                pragmas=pragmas,
+                pragmas={
+                    "journal_mode": "wal",
+                    "synchronous": 1,  # NORMAL: durable across process crashes, fast in WAL
+                    "busy_timeout": busy_timeout_ms,
+                    "foreign_keys": 0,
+                },
                 timeout=timeout_s,
                 check_same_thread=False,  # each thread has its own; close() may run elsewhere
                 **connect_kwargs,
             )
         else:
             self.path = None
-            self.checkpointer = None
             connect_kwargs.setdefault("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S)
             self.database = _PostgresqlDatabase(**connect_kwargs)
         self.models = build_models(self.database, self.table_prefix, self.schema)
@@ -358,13 +348,6 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         self._sqlite_insert_sql: dict[int, str] = {}
         self._opened = False
         self._open_lock = threading.Lock()
-        # SQLite has one writer: this process's writers (the journal's group commits, run rows,
-        # the session index, receipts, maintenance) take turns on this lock, handed over as soon
-        # as a transaction ends. Left to SQLite, a writer that finds the database locked sleeps in
-        # the busy handler (5, 10, ... up to 100 ms a try) however soon the lock is free: 20-80 ms
-        # stalls of a new run's row behind the session indexer, measured in bench_fairness.
-        self._sqlite_writer = threading.RLock()
-        self._writer_wait_s = busy_timeout_ms / 1000
         # Connections found dropped by the server (and replaced by fresh ones).
         self.connections_lost = 0
         self._lost_lock = threading.Lock()
@@ -408,17 +391,8 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         """A write transaction. SQLite takes the write lock up front (``BEGIN IMMEDIATE``) so two
         writers wait on the busy timeout instead of failing on a lock upgrade."""
         if self.is_sqlite:
-            # After the busy timeout, go on to SQLite's own lock: it then fails as it always did
-            # (a stuck writer is reported, not waited for forever).
-            turn = self._sqlite_writer.acquire(timeout=self._writer_wait_s)
-            try:
-                with self.database.atomic(lock_type="IMMEDIATE"):
-                    yield
-            finally:
-                if turn:
-                    self._sqlite_writer.release()
-                if self.checkpointer is not None:
-                    self.checkpointer.notify()
+            with self.database.atomic(lock_type="IMMEDIATE"):
+                yield
         else:
             with self.database.atomic():
                 yield
@@ -443,8 +417,6 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
                 self.database.create_tables(self.models.all(), safe=True)
                 self._open_session_index()
                 self._open_maintenance()
-            if self.checkpointer is not None:
-                self.checkpointer.start()
             self._opened = True
 
     @_reconnecting
@@ -456,8 +428,6 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         """Close every connection this storage opened, in every thread. Final: the storage is
         not to be used afterwards."""
         with self._open_lock:
-            if self.checkpointer is not None:
-                self.checkpointer.stop()  # (closing the last connection checkpoints the log)
             self.database.close_all()  # type: ignore[attr-defined]
             self._opened = False
 
