@@ -99,7 +99,6 @@ class HeapTrimmer:
     def _pass(self, collect: bool) -> None:
         if self._running is not None and not self._running.done():
             return  # a trim is under way; it frees what this one would
-        self._last = time.monotonic()
         if self._deferred is not None:
             self._deferred.cancel()
             self._deferred = None
@@ -108,6 +107,9 @@ class HeapTrimmer:
             self.collected += gc.collect()
             self.collections += 1
             log.debug("collected garbage in %.1f ms before the trim", 1000 * (time.perf_counter() - started))
+        # The period counts from the end of the collection: a slow one (a big heap, a loaded
+        # machine) must not let the next end pass again at once.
+        self._last = time.monotonic()
         self._running = asyncio.get_running_loop().run_in_executor(self._executor, self._trim, 0)
         self._running.add_done_callback(self._done)
 
