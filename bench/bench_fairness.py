@@ -109,9 +109,14 @@ async def _first_event(http: aiohttp.ClientSession, url: str, one_call: bool) ->
         response.close()
 
 
-async def _probe_until(http: aiohttp.ClientSession, url: str, done: asyncio.Event, out: dict[str, list[float]]) -> None:
-    index = 0
-    while not done.is_set() and index < 100_000:
+async def _probe(
+    http: aiohttp.ClientSession, url: str, out: dict[str, list[float]], done: asyncio.Event | None, probes: int
+) -> None:
+    """Probe `GET /v1/health` (readiness, then liveness) and, every TTFE_EVERY probes, a new run's
+    time to first event, until `done` is set or after `probes` probes."""
+    for index in range(probes):
+        if done is not None and done.is_set():
+            return
         if index % TTFE_EVERY == TTFE_EVERY - 1:
             out["ttfe_two_calls"].append(await _first_event(http, url, one_call=False))
             if ONE_CALL:
@@ -119,7 +124,6 @@ async def _probe_until(http: aiohttp.ClientSession, url: str, done: asyncio.Even
         else:
             out["health"].append(await _health(http, url))
             out["live"].append(await _health(http, url, "live"))
-        index += 1
         await asyncio.sleep(0.005)  # probe pacing
 
 
@@ -128,7 +132,7 @@ async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: b
         run_id = (await created.json())["hostRunId"]
     out: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     done = asyncio.Event()
-    prober = asyncio.create_task(_probe_until(http, url, done, out)) if probe else None
+    prober = asyncio.create_task(_probe(http, url, out, done, 100_000)) if probe else None
     clients = await asyncio.to_thread(Clients, url, [{"run": run_id, "after": None}], mode="count")
     result = (await asyncio.to_thread(clients.results))[0]
     done.set()
@@ -150,31 +154,18 @@ async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: b
     return {"events": result["events"], "rate": deltas / span, **out}
 
 
-async def _idle(http: aiohttp.ClientSession, url: str, probes: int, out: dict[str, list[float]]) -> None:
-    """The same probes with nothing else running: the baselines (a time-to-first-event probe
-    every TTFE_EVERY probes, as while the fast run streams)."""
-    for index in range(probes):
-        if index % TTFE_EVERY == TTFE_EVERY - 1:
-            out["ttfe_two_calls"].append(await _first_event(http, url, one_call=False))
-            if ONE_CALL:
-                out["ttfe_one_call"].append(await _first_event(http, url, one_call=True))
-        else:
-            out["health"].append(await _health(http, url))
-        await asyncio.sleep(0.005)  # probe pacing
-
-
 def _summary(samples: list[float]) -> dict[str, float]:
     return {"n": len(samples), "p50": round(percentile(samples, 50), 2), "p99": round(percentile(samples, 99), 2)}
 
 
 async def _bench(url: str, deltas: int, rounds: int) -> None:
-    idle: dict[str, list[float]] = {"health": [], "ttfe_two_calls": [], "ttfe_one_call": []}
+    idle: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     alone: list[float] = []
     probed: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []}
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         await _fast_run(http, url, 200, probe=False)  # warm up
         for _ in range(rounds):
-            await _idle(http, url, 60, idle)
+            await _probe(http, url, idle, None, 60)  # nothing else running: the baselines
             alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
             result = await _fast_run(http, url, deltas, probe=True)
             for key in ("health", "live", "ttfe_two_calls", "ttfe_one_call"):
