@@ -15,6 +15,9 @@ One SSE client (its own process) reads the fast run. Alternating, in each round:
   round trip `POST /v1/runs` with `Accept: text/event-stream`).
 
 Throughput is the fast run's deltas over the span between its first and last delta's `createdAt`.
+Each round also times a bare reader taking the same answer straight from the upstream (one raw
+socket, no parsing): the fixture's own rate, printed beside the gateway's, which must stay well
+below it for the ratio to measure the gateway.
 Prints one JSON line per scenario and the p50/p99 figures as same-run ratios.
 """
 
@@ -158,20 +161,43 @@ def _summary(samples: list[float]) -> dict[str, float]:
     return {"n": len(samples), "p50": round(percentile(samples, 50), 2), "p99": round(percentile(samples, 99), 2)}
 
 
-async def _bench(url: str, deltas: int, rounds: int) -> None:
+async def _upstream_rate(base_url: str, deltas: int) -> float:
+    """The fixture's own rate: deltas per second a bare reader gets straight from the upstream (one
+    raw socket, no parsing), so the gateway's rate can be read against what its peer can give."""
+    host, port = base_url.removeprefix("http://").split("/")[0].split(":")
+    body = json.dumps({"model": f"n{deltas}", "stream": True}).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        start = time.perf_counter()
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
+        received = 0
+        while chunk := await reader.read(1 << 20):
+            received += len(chunk)
+        seconds = time.perf_counter() - start
+    finally:
+        writer.close()
+    if received < deltas * len(CHUNK):
+        raise RuntimeError(f"the upstream sent {received} bytes for {deltas} deltas")
+    return deltas / seconds
+
+
+async def _bench(url: str, upstream: str, deltas: int, rounds: int) -> None:
     idle: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     alone: list[float] = []
+    upstream_rates: list[float] = []
     probed: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []}
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         await _fast_run(http, url, 200, probe=False)  # warm up
         for _ in range(rounds):
             await _probe(http, url, idle, None, 60)  # nothing else running: the baselines
+            upstream_rates.append(await _upstream_rate(upstream, deltas))
             alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
             result = await _fast_run(http, url, deltas, probe=True)
             for key in ("health", "live", "ttfe_two_calls", "ttfe_one_call"):
                 probed[key] += result[key]
             probed["rate"].append(result["rate"])
-            print(json.dumps({"round": _, "alone_rate": round(alone[-1]), "probed": {
+            rates = {"upstream_rate": round(upstream_rates[-1]), "alone_rate": round(alone[-1])}
+            print(json.dumps({"round": _, **rates, "probed": {
                 "rate": round(result["rate"]),
                 "health": _summary(result["health"]),
                 "live": _summary(result["live"]),
@@ -194,7 +220,10 @@ async def _bench(url: str, deltas: int, rounds: int) -> None:
         "idle_ttfe_one_call_ms": _summary(idle["ttfe_one_call"]) if ONE_CALL else None,
         "ttfe_two_calls_ms": _summary(probed["ttfe_two_calls"]),
         "ttfe_one_call_ms": _summary(probed["ttfe_one_call"]),
+        # The fixture must be faster than the gateway, or the throughput ratio measures the fixture.
+        "upstream_rate_bare_reader": round(sorted(upstream_rates)[len(upstream_rates) // 2]),
         "fast_run_rate_alone": round(alone_rate),
+        "fast_run_alone_over_upstream": round(alone_rate / sorted(upstream_rates)[len(upstream_rates) // 2], 3),
         "fast_run_rate_probed": round(probed_rate),
         "probed_over_alone_rate": round(probed_rate / alone_rate, 3),
     }
@@ -235,7 +264,7 @@ def main() -> None:
                 found = re.search(r"listening on (\S+)", line)
                 if not found:
                     raise RuntimeError(f"the gateway did not start: {line!r}")
-                asyncio.run(_bench(found.group(1), args.deltas, args.rounds))
+                asyncio.run(_bench(found.group(1), base_url, args.deltas, args.rounds))
             finally:
                 gateway.terminate()
                 gateway.wait(timeout=30)
