@@ -234,6 +234,8 @@ class Gateway:
                 log.warning(
                     "%d stream(s) did not end in time; their connections are dropped", self.stream_stats.open_streams
                 )
+                self.stream_stats.abort_all()
+                await self.stream_stats.wait_closed(STREAMS_CLOSE_SECONDS)
         finally:
             self._drained.set_result(None)
 

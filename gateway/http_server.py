@@ -74,7 +74,7 @@ class JsonErrorRequestHandler(RequestHandler):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         manager = self._manager
-        open_before = len(manager.connections) if manager is not None else 0
+        open_before = len(manager.connections) + getattr(manager, "handed_off", 0) if manager is not None else 0
         super().connection_made(transport)
         if open_before >= self._limits.max_connections:
             # Read the request (so the client sees the answer, not a reset), answer 503, close.
@@ -140,6 +140,7 @@ class JsonErrorRequestHandler(RequestHandler):
 
 class JsonErrorServer(web.Server):
     limits = ConnectionLimits()
+    handed_off = 0  # open connections taken from aiohttp by `hand_off` (they count against the cap)
 
     def __call__(self) -> RequestHandler:
         handler = JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
@@ -172,6 +173,104 @@ class GatewayRunner(web.AppRunner):
         server.__class__ = JsonErrorServer  # same state, our request handler per connection
         server.limits = self.limits
         return server
+
+
+class HandedOffConnection(asyncio.Protocol):
+    """A connection taken from aiohttp once a streaming response's headers are out (`hand_off`).
+    It keeps what a long, write-only response still needs (writes, waiting for a slow peer to
+    drain, hearing that the peer left) and none of aiohttp's per-connection state: the parsed
+    request, the parser, the request handler and its two tasks, most of an idle stream's memory.
+    The response ends with the connection: `close` after the body's last bytes."""
+
+    __slots__ = ("_drained", "_on_lost", "_paused", "_server", "lost", "transport")
+
+    def __init__(
+        self, transport: asyncio.Transport, on_lost: Callable[[], None] | None, server: JsonErrorServer | None
+    ) -> None:
+        self.transport = transport
+        self.lost = False
+        self._on_lost = on_lost
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+        self._server = server
+        if server is not None:
+            server.handed_off += 1
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+        if self._server is not None:
+            self._server.handed_off -= 1
+            self._server = None
+        self._wake(ConnectionResetError("the client closed the connection"))
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake(None)
+
+    def data_received(self, data: bytes) -> None:
+        """Ignored: the client of a stream has nothing more to say (a pipelined request after a
+        stream is not served; the connection closes when the stream ends)."""
+
+    async def drain(self) -> None:
+        """Return once the transport's buffer is below its high-water mark; ConnectionResetError
+        if the peer left."""
+        if self.lost:
+            raise ConnectionResetError("the client closed the connection")
+        if self._paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def _wake(self, exc: BaseException | None) -> None:
+        waiter, self._drained = self._drained, None
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+
+
+def can_hand_off(request: BaseRequest) -> bool:
+    """Whether `hand_off` can take the connection of `request` (an HTTP/1.1 connection of
+    aiohttp's with no further request buffered behind this one)."""
+    handler, transport = request.protocol, request.transport
+    return (
+        isinstance(handler, RequestHandler)
+        and isinstance(transport, asyncio.Transport)
+        and hasattr(transport, "set_protocol")
+        and request.version >= (1, 1)
+        and not getattr(handler, "_messages", None)  # pipelined requests would go unanswered
+    )
+
+
+def hand_off(request: BaseRequest, on_lost: Callable[[], None] | None = None) -> HandedOffConnection | None:
+    """Take the connection of `request` from aiohttp, whose response headers are written: the
+    transport is given a `HandedOffConnection`, and aiohttp's request handler lets go of it
+    without closing it, so that its request task ends (once the handler returns) and its parser,
+    request and tasks are freed. `on_lost` runs when the peer goes. None when the connection
+    cannot be handed off (`can_hand_off`) or is closing: the response stays with aiohttp."""
+    handler, transport = request.protocol, request.transport
+    if not can_hand_off(request) or transport is None or transport.is_closing():
+        return None
+    assert isinstance(handler, RequestHandler) and isinstance(transport, asyncio.Transport)
+    manager = handler._manager
+    if isinstance(handler, JsonErrorRequestHandler):
+        handler.on_connection_lost = None
+    connection = HandedOffConnection(transport, on_lost, manager if isinstance(manager, JsonErrorServer) else None)
+    connection._paused = bool(getattr(handler, "_paused", False))
+    transport.set_protocol(connection)
+    # aiohttp's handler believes the peer left: it drops its parser and request, its task ends
+    # with the response, and its server forgets the connection (counted in `handed_off` now).
+    handler.transport = None
+    handler.connection_lost(None)
+    if not transport.is_reading():
+        transport.resume_reading()  # to hear the peer leave
+    return connection
 
 
 class _RateLimitedLog:

@@ -6,8 +6,11 @@ back to replay from the journal. The response headers go out with a first commen
 opens; a client that stops reading is cut off after the send timeout; at shutdown
 (`StreamStats.stop_all`) every stream writes what it has buffered and ends.
 
-An idle stream costs little (10,000 of them on one instance): no task or timer of its own besides
-its handler task. One heartbeat timer per period wakes every open stream; an idle one then checks
+An idle stream costs little (10,000 of them on one instance). Once its headers are out, its
+connection leaves aiohttp (`http_server.hand_off`): aiohttp's request, parser and request tasks
+are freed, and the stream goes on in one task of its own, writing HTTP/1.1 chunks to the
+connection, which closes when the stream ends (the headers say `Connection: close`). No timer of
+its own either: one heartbeat timer per period wakes every open stream; an idle one then checks
 its socket and writes a ping comment.
 """
 
@@ -23,7 +26,7 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from agent_gateway.bus import Bus
-from agent_gateway.http_server import JsonErrorRequestHandler
+from agent_gateway.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
 from agent_gateway.journal import Journal
 from agent_gateway.models import Event, Run, sse_frames
 from agent_gateway.storage import StorageUnavailable
@@ -48,8 +51,8 @@ class EventStreamResponse(web.StreamResponse):
 
     The handler returns the response with its `stream` attached, unstarted; aiohttp then prepares
     it and calls `write_eof`, whose first call runs the stream. So an open stream holds no frame
-    of the handler or the middleware (10,000 idle clients): only aiohttp's `finish_response` and
-    `RunStream.run`."""
+    of the handler or the middleware (10,000 idle clients); once handed off from aiohttp, none of
+    aiohttp's either."""
 
     def __init__(
         self, *, status: int = 200, headers: Mapping[str, str] | None = None, send_timeout: float = SEND_TIMEOUT
@@ -153,6 +156,14 @@ class StreamStats:
                 if not keep(stream.topic):
                     stream.stop()
 
+    def abort_all(self) -> None:
+        """Drop the connection of every open stream (the ones that did not end when asked: a
+        client that stopped reading). A stream handed off from aiohttp is not aiohttp's to drop
+        at shutdown any more."""
+        for group in list(self._beating.values()):
+            for stream in list(group):
+                stream._abort()
+
     async def wait_closed(self, timeout: float) -> bool:
         """Wait up to `timeout` seconds for every open stream to end; whether they all did."""
         if not self.open_streams:
@@ -216,6 +227,7 @@ class RunStream:
         "_can_write_directly",
         "_capacity",
         "_chunked",
+        "_connection",
         "_encode",
         "_finished",
         "_high_water",
@@ -227,12 +239,14 @@ class RunStream:
         "_project",
         "_protocol",
         "_replaying",
+        "_request",
         "_response",
         "_send_timeout",
         "_sent",
         "_stats",
         "_stopping",
         "_subscriber",
+        "_task",
         "_topic",
         "_transport",
         "_wakeup",
@@ -259,7 +273,7 @@ class RunStream:
         prelude: bytes = b"",
         merge_deltas: bool = True,
     ) -> None:
-        self._response = response
+        self._response: web.StreamResponse | None = response
         self.topic = self._topic = topic
         self._send_timeout = send_timeout
         self._bus = bus
@@ -288,6 +302,14 @@ class RunStream:
         self._finished = False  # a direct write delivered the terminal event
         self._stopping = False  # shutdown: write what is buffered, then end
         self._protocol = request.protocol if isinstance(request.protocol, JsonErrorRequestHandler) else None
+        # Once the headers are out, the connection leaves aiohttp (`hand_off`) unless the
+        # response needs aiohttp's writer (compression).
+        self._request: web.Request | None = request if not response.compression and can_hand_off(request) else None
+        if self._request is not None:  # the connection ends with the stream: say so
+            response.headers.popall(hdrs.CONNECTION, None)
+            response.force_close()
+        self._connection: HandedOffConnection | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def stop(self) -> None:
         """End the stream after writing what its buffer holds (the gateway is stopping)."""
@@ -297,6 +319,7 @@ class RunStream:
     async def open(self) -> None:
         """Send the response headers and a comment now: aiohttp holds headers back until the first
         write, which on an idle stream is the first heartbeat."""
+        assert self._response is not None
         async with asyncio.timeout(self._send_timeout):
             await self._response.write(OPENING_COMMENT + self._prelude)
         self._sent = True
@@ -309,7 +332,9 @@ class RunStream:
     async def run(self) -> None:
         """Stream on the prepared response, and end it (called by its first `write_eof`). Nothing
         is held in the bus or the stats before this starts: a response aiohttp never gets to
-        (the client left while it was prepared) leaves nothing behind."""
+        (the client left while it was prepared) leaves nothing behind. Once the headers are out
+        the connection is handed off from aiohttp where it can be (`http_server.hand_off`): this
+        returns, aiohttp's request task ends, and the stream goes on in a task of its own."""
         # Subscribed before the first journal read, so no event falls between the two.
         # merge_deltas=False: a full buffer always goes back to the journal, so the client's
         # frames can be numbered per journal event (never a merged delta).
@@ -317,34 +342,19 @@ class RunStream:
         self._wakeup = self._subscriber.wakeup
         if self._protocol is not None:  # the client left: end now, not at the next heartbeat
             self._protocol.on_connection_lost = self.stop
+        assert self._response is not None
         self._chunked = "chunked" in self._response.headers.get(hdrs.TRANSFER_ENCODING, "").lower()
         self._stats._opened(self)
+        await self._serve(opening=True)
+
+    async def _serve(self, *, opening: bool) -> None:
+        handed_off = False
         try:
-            await self.open()
-            subscriber = self._subscriber
-            while True:
-                if self._replaying or subscriber.needs_replay:
-                    if self._stopping:
-                        break  # behind the live tail: the client resumes from the journal
-                    events = await self._replay_page()
-                elif subscriber.buffer:
-                    events = self._take()
-                elif self._stopping or not await self._idle():
-                    break
-                else:
-                    # Waited here, not in a helper coroutine: an idle stream's chain of frames is
-                    # one of the larger things it holds.
-                    await self._wakeup.wait()
-                    subscriber.write_directly = None
-                    if self._finished or (self._stopping and not subscriber.buffer):
-                        break  # a direct write delivered the terminal event, or the gateway stops
-                    continue
-                if events is None:
-                    break
-                ended = bool(events) and await self._send(events)
-                events = None  # an idle stream must not hold its last batch (and their frames) while it waits
-                if ended:
-                    break
+            if opening:
+                await self.open()
+                handed_off = self._hand_off()
+            if not handed_off:
+                await self._pump()
         except ConnectionResetError:
             pass  # the client went away; it resumes with Last-Event-ID
         except TimeoutError:
@@ -361,11 +371,85 @@ class RunStream:
             log.exception("unhandled error on the stream of %s", self.topic)
             self._abort()
         finally:
-            self._close()
-        try:
-            await self._response.write_eof()
-        except (ConnectionResetError, RuntimeError):
-            pass
+            if not handed_off:
+                self._close()
+        if handed_off:
+            # aiohttp's request task ends when this returns; the stream goes on here.
+            self._task = asyncio.get_running_loop().create_task(self._serve(opening=False))
+            return
+        await self._end()
+
+    def _hand_off(self) -> bool:
+        """Take the connection from aiohttp (its headers are out); whether it was."""
+        request, self._request = self._request, None
+        if request is None:
+            return False
+        self._connection = hand_off(request, self.stop)
+        if self._connection is None:
+            return False
+        if self._protocol is not None:
+            self._protocol.on_connection_lost = None
+            self._protocol = None
+        self._response = None  # nothing more goes through aiohttp's writer
+        return True
+
+    async def _pump(self) -> None:
+        """Send batches (replayed pages, then the live tail) until the stream is over."""
+        subscriber = self._subscriber
+        while True:
+            if self._replaying or subscriber.needs_replay:
+                if self._stopping:
+                    break  # behind the live tail: the client resumes from the journal
+                events = await self._replay_page()
+            elif subscriber.buffer:
+                events = self._take()
+            elif self._stopping or not await self._idle():
+                break
+            else:
+                # Waited here, not in a helper coroutine: an idle stream's chain of frames is
+                # one of the larger things it holds.
+                await self._wakeup.wait()
+                subscriber.write_directly = None
+                if self._finished or (self._stopping and not subscriber.buffer):
+                    break  # a direct write delivered the terminal event, or the gateway stops
+                continue
+            if events is None:
+                break
+            ended = bool(events) and await self._send(events)
+            events = None  # an idle stream must not hold its last batch (and their frames) while it waits
+            if ended:
+                break
+
+    async def _write(self, data: bytes) -> None:
+        """Write body bytes: through aiohttp's response, or once handed off, as an HTTP/1.1
+        chunk on the connection, waiting while the peer's buffer is over its high-water mark."""
+        connection = self._connection
+        if connection is None:
+            assert self._response is not None
+            await self._response.write(data)
+            return
+        if connection.lost:
+            raise ConnectionResetError("the client closed the connection")
+        connection.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        await connection.drain()
+
+    async def _end(self) -> None:
+        """End the body: aiohttp's `write_eof`, or on a handed-off connection the last chunk,
+        then close it (the response said `Connection: close`)."""
+        connection = self._connection
+        if connection is None:
+            assert self._response is not None
+            try:
+                await self._response.write_eof()
+            except (ConnectionResetError, RuntimeError):
+                pass
+            return
+        transport = connection.transport
+        if not connection.lost and not transport.is_closing():
+            if self._chunked:
+                transport.write(b"0\r\n\r\n")
+            transport.close()
+        self._task = None
 
     def _abort(self) -> None:
         if self._transport is not None:
@@ -423,7 +507,7 @@ class RunStream:
             # A comment keeps proxies from timing the connection out, and a write to a vanished
             # peer fails within the send timeout (TCP_USER_TIMEOUT), ending the stream.
             async with asyncio.timeout(self._send_timeout):
-                await self._response.write(PING_COMMENT)
+                await self._write(PING_COMMENT)
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
             self._subscriber.write_directly = self._write_directly
         return True
@@ -445,10 +529,10 @@ class RunStream:
             # Headers sent, nothing queued (so not paused) and the batch fits below the
             # high-water mark: the write cannot pause the transport, so it cannot wait for a
             # drain, and needs no send timer.
-            await self._response.write(blob)
+            await self._write(blob)
         else:
             async with asyncio.timeout(self._send_timeout):
-                await self._response.write(blob)
+                await self._write(blob)
         self._sent = True
         self._stats.delivered += len(events)
         last = events[-1]
