@@ -406,8 +406,8 @@ class RunStream:
             elif self._stopping or not await self._idle():
                 break
             else:
-                # Waited here, not in a helper coroutine: an idle stream's chain of frames is
-                # one of the larger things it holds.
+                # Waited here, not in a further helper coroutine: an idle stream's chain of
+                # frames is one of the larger things it holds.
                 await self._wakeup.wait()
                 subscriber.write_directly = None
                 if self._finished or (self._stopping and not subscriber.buffer):
