@@ -2,8 +2,9 @@
 
     python bench/bench_memory.py [--runs 1000] [--deltas 20000] [--clients 10000] [--tracemalloc]
 
-A gateway (SQLite, default config but `max_connections`) with the chat-only runtime, pointed at the
-fairness benchmark's upstream (its own process, every answer written as fast as the socket takes).
+A gateway served as `agent-gateway serve` serves it (its runner and site; SQLite, default config
+but `max_connections`) with the chat-only runtime, pointed at the fairness benchmark's upstream
+(its own process, every answer written as fast as the socket takes).
 
 - runs: `--runs` runs one after another, each in a new session and read to its end by one
   create-and-stream client. The gateway's RSS after the first 10 runs is the baseline; the report
@@ -64,6 +65,7 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
     from agent_gateway.app import GATEWAY_KEY, create_app
     from agent_gateway.cli import tune_gc_for_serving
     from agent_gateway.config import Config
+    from agent_gateway.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
     from agent_gateway.plugin_host import PluginHost
 
     if trace:
@@ -72,7 +74,8 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
         "gateway": {"data_dir": data_dir, "max_connections": 100_000},
         "chat_only": {"base_url": base_url, "model": "n3"},
     }
-    app = create_app(Config.load(None, env={}, overrides=overrides), PluginHost.load(env={}))
+    config = Config.load(None, env={}, overrides=overrides)
+    app = create_app(config, PluginHost.load(env={}))
     marks: dict[str, tracemalloc.Snapshot] = {}
 
     async def heap(request: web.Request) -> web.Response:
@@ -142,10 +145,12 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
         return web.json_response({"passed": passed, "waited_s": round(time.monotonic() - started, 2), **counts})
 
     app.router.add_get(SETTLED_PATH, settled)
-    runner = web.AppRunner(app, access_log=None)
+    # Served as `agent-gateway serve` serves: its runner (connection limits, its request handler)
+    # and its accepting site.
+    runner = GatewayRunner(app, limits=ConnectionLimits.from_config(config.section("gateway")), access_log=None)
     await runner.setup()
-    tune_gc_for_serving()  # as `agent-gateway serve` does
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
+    tune_gc_for_serving()
+    site = GuardedTCPSite(runner, "127.0.0.1", 0, backlog=4096)
     await site.start()
     print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
     try:
