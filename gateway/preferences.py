@@ -151,7 +151,7 @@ async def put_preferences(gateway: Gateway, actor_id: str, updates: Any) -> dict
         if cache is not None:  # stored or not (a failed write may have landed): read it again
             cache.writes += 1
             cache.values.pop(actor_id, None)
-        await _db(gateway, gateway.storage.put_preferences, actor_id, values)
+        await gateway.journal.write(gateway.storage.put_preferences, actor_id, values)
         if cache is not None:
             cache.writes += 1
             cache.remember(actor_id, values)

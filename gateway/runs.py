@@ -532,7 +532,7 @@ class RunManager:
         }
         change(record)
         record["updatedAt"] = now_ms()
-        await self._db(self.storage.put_session, run.actor_id, run.session_id, record)
+        await self.journal.write(self.storage.put_session, run.actor_id, run.session_id, record)
 
     async def _record_turn(self, active: ActiveRun, status: str) -> None:
         """Append the turn (user message, assistant final) to the session transcript, once."""
@@ -583,7 +583,7 @@ class RunManager:
         try:
             await self._record_turn(active, status)  # if the run ended before recording it
             await self.journal.flush()
-            await self._db(
+            await self.journal.write(
                 self.storage.update_run, run.host_run_id, status=status, error=run.error, updated_at=run.updated_at
             )
         except Exception:
@@ -628,7 +628,9 @@ class RunManager:
             if run.status != status:
                 run.status = status
                 run.updated_at = now_ms()
-                await self._db(self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at)
+                await self.journal.write(
+                    self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at
+                )
             return
         if run.status in ACTIVE_STATUSES:
             run.status = "interrupted"
@@ -646,7 +648,7 @@ class RunManager:
         await self.journal.append(run.host_run_id, TERMINAL_KIND_BY_STATUS[run.status], payload)
         await self.journal.flush()
         run.updated_at = now_ms()
-        await self._db(
+        await self.journal.write(
             self.storage.update_run, run.host_run_id, status=run.status, error=run.error, updated_at=run.updated_at
         )
         self.journal.forget_run(run.host_run_id)

@@ -111,13 +111,15 @@ class SessionIndexer:
 
     async def index(self, run: Run) -> None:
         storage = self.gw.storage
-        await self._db(storage.touch_session_index, run)
+        # Writes take turns with the journal's group commits (`Journal.write`), not collide in
+        # the database's lock, where the loser sleeps in its busy handler.
+        await self.gw.journal.write(storage.touch_session_index, run)
         if run.is_terminal:
             # Read and folded on a worker: a long run's fold would hold the loop for milliseconds.
             transcript = await self._db(
                 lambda: project_transcript(storage.read_events(run.host_run_id), run_transcript(run))
             )
-            await self._db(storage.put_run_digest, run_digest(run, transcript))
+            await self.gw.journal.write(storage.put_run_digest, run_digest(run, transcript))
 
     async def settle(self) -> None:
         """Wait until every run change seen so far is indexed; index ended runs that never were
