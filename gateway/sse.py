@@ -430,6 +430,8 @@ class RunStream:
             return
         if connection.lost:
             raise ConnectionResetError("the client closed the connection")
+        if not data:
+            return  # an empty chunk would end the body
         connection.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         await connection.drain()
 
