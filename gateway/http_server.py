@@ -10,6 +10,9 @@ Connections are bounded (`ConnectionLimits`): a request's headers must arrive wi
 ``header_timeout`` of the connection opening or of their first byte (a client trickling a header
 line every few seconds is dropped), an idle keep-alive connection closes after ``idle_timeout``,
 and beyond ``max_connections`` open connections a new one is answered 503 and closed.
+A long, write-only response (an SSE stream) can take its connection from aiohttp once its
+headers are out (`hand_off`), so an idle stream holds none of aiohttp's per-connection state; such
+connections still count against ``max_connections``.
 `GuardedTCPSite` accepts connections with its own loop: out of file descriptors, it backs off and
 logs once per interval (asyncio's own accept loop logs one line per attempt and re-arms itself
 once per failure, which at the fd limit grows into hundreds of thousands of lines a second).
