@@ -432,8 +432,12 @@ class RunStream:
             raise ConnectionResetError("the client closed the connection")
         if not data:
             return  # an empty chunk would end the body
-        connection.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        connection.transport.write(self._framed(data))
         await connection.drain()
+
+    def _framed(self, data: bytes) -> bytes:
+        """`data` as written to the socket itself: one HTTP/1.1 chunk of a chunked body."""
+        return b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
 
     async def _end(self) -> None:
         """End the body: aiohttp's `write_eof`, or on a handed-off connection the last chunk,
@@ -553,7 +557,7 @@ class RunStream:
         if transport.get_write_buffer_size():
             return False  # the client is not keeping up: buffer (merge, replay) as usual
         blob = frames if frames is not None else encode_events(events)
-        transport.write(b"%x\r\n%b\r\n" % (len(blob), blob) if self._chunked else blob)
+        transport.write(self._framed(blob))
         self._stats.delivered += len(events)
         last = events[-1]
         self._last = last.seq
