@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from typing import Any
 
 from agent_gateway.models import Event, sse_frames
@@ -64,3 +65,22 @@ def test_projected_frames_carry_the_projection_as_json_and_skip_hidden_events() 
         {"kind": "run.completed", "seq": 4},
     ]
     assert sse_frames(EVENTS, lambda event: None) == b""
+
+
+def test_an_event_keeps_its_payload_json_in_a_buffer_of_its_own_size() -> None:
+    """orjson (3.12 and later) returns even a small document in a 4 KB buffer. An event keeps its
+    payload JSON (for storage and for frames) as long as it waits for storage or sits in a
+    client's buffer or the journal's tail: it must keep a right-sized copy, or 20,000 waiting
+    deltas hold 80 MB."""
+    published = [Event("run_m", seq, "message.delta", "agent", {"text": "x" * 16}) for seq in range(1, 1001)]
+    asked = [Event("run_m", seq, "tool.completed", "agent", {"status": "ok"}) for seq in range(1001, 2001)]
+    tracemalloc.start()
+    try:
+        sse_frames(published)  # the publish path caches each payload's JSON
+        for event in asked:
+            event.payload_bytes()  # the storage path
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert all(e._payload_bytes == b'{"text":"xxxxxxxxxxxxxxxx"}' for e in published)
+    assert held < 2000 * 256, f"{held / 2000:.0f} bytes per event for its payload JSON"
