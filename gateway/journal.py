@@ -12,6 +12,7 @@ runs, so a seq a client has seen is never given to another event.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import fcntl
 import functools
@@ -50,6 +51,10 @@ BURST_PUBLISH = 256
 # A runtime that emits without ever yielding to the loop still gets its events published (and
 # `max_pending` enforced) every this many events.
 PUBLISH_EVERY = 1024
+# Committed events of open runs kept in memory, at most this many in all (`tail_max`).
+TAIL_EVENTS = 40_000
+# Events freed per loop step when a run's tail goes (`release_gradually`).
+RELEASE_SLICE = 2048
 
 
 class JournalClosed(Exception):
@@ -86,6 +91,7 @@ class Journal:
         max_pending: int = 200_000,
         read_executor: ThreadPoolExecutor | None = None,
         durable_delivery: bool = False,
+        tail_max: int = TAIL_EVENTS,
     ) -> None:
         self.storage = storage
         self.bus = bus
@@ -101,6 +107,15 @@ class Journal:
         self._queue: deque[list[Event]] = deque()
         self._queued = 0
         self._pending_by_run: dict[str, deque[list[Event]]] = {}
+        # Committed batches of open runs, oldest first (the tail), and how many events they hold:
+        # a client that attaches to a running run late (or resumes) replays them from memory. A
+        # storage read would take a worker thread that holds the GIL for every row it turns into
+        # an event (a 20,000-event replay: ~0.1 s the loop waits for in slices). The events are
+        # the ones clients were sent, so a replay resends their SSE frames as built.
+        self._tail_by_run: dict[str, deque[list[Event]]] = {}
+        self._tail_count: dict[str, int] = {}
+        self._tailed = 0
+        self.tail_max = tail_max
         self._appended = 0  # numbers every published event
         self._committed = 0
         self._queue_ready = asyncio.Event()
@@ -173,6 +188,7 @@ class Journal:
         if not self._pending_by_run.get(host_run_id) and host_run_id not in self._unpublished:
             self._next_seq.pop(host_run_id, None)
             self._terminal.discard(host_run_id)
+            self._drop_tail(host_run_id)
 
     async def append(
         self, host_run_id: str, kind: str, payload: dict[str, Any], source: str = "gateway"
@@ -296,10 +312,15 @@ class Journal:
         self.publish()
         # Cluster mode reads only what storage holds (an uncommitted event may never be stored).
         batches = None if self.durable_delivery else self._pending_by_run.get(host_run_id)
-        if batches and batches[0][0].seq <= after_seq + 1:
-            # Every event after `after_seq` still waits for storage (a new run's first reader):
-            # no storage read, so no worker-thread round trip before the first event.
-            wanted = (e for batch in batches for e in batch if e.seq > after_seq)
+        tail = self._tail_by_run.get(host_run_id)
+        first = tail[0] if tail else batches[0] if batches else None
+        if first is not None and first[0].seq <= after_seq + 1:
+            # Memory holds every event after `after_seq` (committed ones in the tail, then those
+            # that wait for storage, e.g. a new run's): no storage read, no worker-thread trip.
+            # A page starts at the batch holding `after_seq + 1`, found by bisection.
+            held = list(tail or ()) + list(batches or ())
+            start = bisect.bisect_right(held, after_seq, key=lambda batch: batch[-1].seq)
+            wanted = (e for batch in islice(held, start, None) for e in batch if e.seq > after_seq)
             return list(wanted if limit is None else islice(wanted, limit))
         snapshot = [e for batch in batches or () for e in batch if e.seq > after_seq]
         stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
@@ -404,6 +425,8 @@ class Journal:
                     self.bus.publish_many(host_run_id, events)
                     for hook in self.on_commit:
                         hook(events)
+                elif delivered and host_run_id in self._next_seq:
+                    self._add_tail(host_run_id, events)
             self._queued -= count
             self._committed += count
             if self._queued < self.max_pending:
@@ -417,6 +440,53 @@ class Journal:
             started = time.thread_time()
             self.storage.append_events(batch)
             return time.thread_time() - started
+
+    def _add_tail(self, host_run_id: str, events: list[Event]) -> None:
+        """Keep a committed batch of an open run in its tail; past `tail_max` events in all, the
+        oldest of this run's tail go (the run committing most is the one that holds most)."""
+        tail = self._tail_by_run.get(host_run_id)
+        if tail is None:
+            tail = self._tail_by_run[host_run_id] = deque()
+            self._tail_count[host_run_id] = 0
+        tail.append(events)
+        self._tail_count[host_run_id] += len(events)
+        self._tailed += len(events)
+        while self._tailed > self.tail_max and tail:
+            dropped = len(tail.popleft())
+            self._tail_count[host_run_id] -= dropped
+            self._tailed -= dropped
+        if not tail:
+            self._drop_tail(host_run_id)
+
+    def _drop_tail(self, host_run_id: str) -> None:
+        tail = self._tail_by_run.pop(host_run_id, None)
+        if tail is not None:
+            self._tailed -= self._tail_count.pop(host_run_id)
+            self.release_gradually(tail)
+
+    def held_events(self, host_run_id: str) -> list[list[Event]] | None:
+        """Every event of an open run from seq 1, as batches in seq order, if memory still holds
+        them all (its tail, then what waits for storage); None if not (e.g. the tail lost its
+        head to `tail_max`). Hand them to `release_gradually` when done."""
+        self.publish()
+        batches = [*self._tail_by_run.get(host_run_id, ()), *self._pending_by_run.get(host_run_id, ())]
+        if not batches or batches[0][0].seq != 1:
+            return None
+        return batches
+
+    def release_gradually(self, batches: list[list[Event]] | deque[list[Event]]) -> None:
+        """Drop `batches` from the end, RELEASE_SLICE events per loop step: the events of a long
+        run freed at once (their payloads and frames) would hold the loop for milliseconds."""
+        freed = 0
+        while batches and freed < RELEASE_SLICE:
+            freed += len(batches.pop())
+        if batches:
+            asyncio.get_running_loop().call_soon(self.release_gradually, batches)
+
+    @property
+    def tailed(self) -> int:
+        """Committed events held in memory for replays (at most `tail_max`, but for one batch)."""
+        return self._tailed
 
     def _split_entry(self, index: int, keep: int) -> None:
         """Split queue entry `index` after its first `keep` events (at least one), in the queue

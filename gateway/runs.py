@@ -592,13 +592,13 @@ class RunManager:
             self._active.pop(run.host_run_id, None)
             if self.services.get("tools") is not None:
                 self.services["tools"].disabled_by_run.pop(run.host_run_id, None)
-            self.journal.forget_run(run.host_run_id)
             # The turn's callbacks (ask_permission) refer back to `active`: a cycle that only a full
             # collection (rare in a serving process) would free, holding the turn's text with it.
             active.turn = None
             active.done.set()
-            for listener in self.listeners:
+            for listener in self.listeners:  # the journal still holds the run's events for them
                 listener(run)
+            self.journal.forget_run(run.host_run_id)
 
     # -- reads ----------------------------------------------------------------------------------------
     async def get(self, host_run_id: str, actor_id: str) -> Run | None:

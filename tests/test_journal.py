@@ -59,6 +59,7 @@ class GatedStorage:
         self.write_gate: Gate | None = None
         self.read_gate: Gate | None = None
         self.fail_writes = False
+        self.reads = 0  # read_events calls
 
     def hold_writes(self, where: str | None) -> Gate | None:
         """Hold every later `append_events` call on a new gate (None: stop holding)."""
@@ -76,6 +77,7 @@ class GatedStorage:
             gate.hold()
 
     def read_events(self, host_run_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        self.reads += 1
         gate = self.read_gate
         if gate is not None:
             gate.hold()
@@ -235,6 +237,7 @@ async def test_nothing_is_appended_after_a_terminal_event(storage: PeeweeStorage
 
 async def test_read_merges_committed_and_pending_with_no_gap_or_duplicate(gated) -> None:
     journal, store = gated
+    journal.tail_max = 0  # committed events come from storage here (the tail: the next test)
     run = "run_r"
     journal.open_run(run)
     for i in range(1, 6):
@@ -292,6 +295,54 @@ async def test_read_merges_committed_and_pending_with_no_gap_or_duplicate(gated)
         got = await reader
     assert seqs(got) == [15, 16, 17, 18]
     assert [e.payload["text"] for e in await journal.read(run)] == [str(i) for i in range(1, 19)]
+
+
+async def test_an_open_runs_committed_events_are_read_from_memory_within_tail_max(gated) -> None:
+    journal, store = gated
+    run, other = "run_t", "run_o"
+    journal.open_run(run)
+    journal.open_run(other)
+    for i in range(1, 101):
+        await journal.append(run, "message.delta", {"text": str(i)})
+    await journal.append(other, "message.delta", {"text": "o"})
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    assert seqs(store.inner.read_events(run)) == list(range(1, 101))
+    assert journal.tailed == 101
+
+    # A late reader (any cursor, any page) gets exactly what followed, with no storage read.
+    reads = store.reads
+    for after, limit in ((0, None), (0, 10), (37, None), (37, 5), (99, None), (100, None), (150, None)):
+        expected = [s for s in range(1, 101) if s > after][:limit]
+        assert seqs(await journal.read(run, after, limit)) == expected, (after, limit)
+    assert seqs(await journal.read(other)) == [1]
+    assert store.reads == reads
+    held = journal.held_events(run)
+    assert held is not None and seqs([e for batch in held for e in batch]) == list(range(1, 101))
+
+    # Past tail_max the run's oldest committed events leave memory: a read from before them goes
+    # to storage and is still exact; one inside the tail does not.
+    journal.tail_max = 60
+    for i in range(101, 131):
+        await journal.append(run, "message.delta", {"text": str(i)})
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    assert journal.tailed <= 60 + 30  # tail_max, give or take the batch that went over it
+    assert journal.held_events(run) is None  # no longer every event from seq 1
+    reads = store.reads
+    assert seqs(await journal.read(run, 0, 50)) == list(range(1, 51))
+    assert store.reads == reads + 1
+    assert seqs(await journal.read(run, 120)) == list(range(121, 131))
+    assert store.reads == reads + 1
+    assert [e.payload["text"] for e in await journal.read(run)] == [str(i) for i in range(1, 131)]
+
+    # A forgotten (ended) run's events are read from storage again, and memory is given back.
+    journal.forget_run(run)
+    journal.forget_run(other)
+    assert journal.tailed == 0
+    reads = store.reads
+    assert seqs(await journal.read(run, 125)) == list(range(126, 131))
+    assert store.reads == reads + 1
 
 
 # -- the spool ----------------------------------------------------------------------------------------
