@@ -35,6 +35,9 @@ log = logging.getLogger("agent_gateway.http")
 
 REPLAY_PAGE = 2000
 REPLAY_FIRST_PAGE = 200  # a resumed client sees its first events after a short read, not a full page
+# A page is encoded and written this many events at a time, with a loop turn in between: 2,000
+# frames built in one step would hold the loop for milliseconds.
+SEND_SLICE = 512
 WRITE_BATCH = 256
 SEND_TIMEOUT = 60.0  # default of [gateway] stream_send_timeout_seconds
 OPENING_COMMENT = b": stream open\n\n"
@@ -415,7 +418,7 @@ class RunStream:
                 continue
             if events is None:
                 break
-            ended = bool(events) and await self._send(events)
+            ended = bool(events) and await self._send_sliced(events)
             events = None  # an idle stream must not hold its last batch (and their frames) while it waits
             if ended:
                 break
@@ -517,6 +520,17 @@ class RunStream:
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
             self._subscriber.write_directly = self._write_directly
         return True
+
+    async def _send_sliced(self, events: list[Event]) -> bool:
+        """`_send` SEND_SLICE events at a time; True if the last is the terminal event."""
+        if len(events) <= SEND_SLICE:
+            return await self._send(events)
+        for start in range(0, len(events), SEND_SLICE):
+            if start:
+                await asyncio.sleep(0)  # a loop turn for everyone else
+            if await self._send(events[start : start + SEND_SLICE]):
+                return True
+        return False
 
     async def _send(self, events: list[Event]) -> bool:
         """Write `events` through the response; True if the last is the terminal event."""
