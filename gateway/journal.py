@@ -481,7 +481,10 @@ class Journal:
         while batches and freed < RELEASE_SLICE:
             freed += len(batches.pop())
         if batches:
-            asyncio.get_running_loop().call_soon(self.release_gradually, batches)
+            try:
+                asyncio.get_running_loop().call_soon(self.release_gradually, batches)
+            except RuntimeError:  # no loop (a script, a test): all at once
+                batches.clear()
 
     @property
     def tailed(self) -> int:
