@@ -14,6 +14,11 @@ One SSE client (its own process) reads the fast run. Alternating, in each round:
   to first event of a second run's client (`POST /v1/runs` then `GET .../stream`, and the one
   round trip `POST /v1/runs` with `Accept: text/event-stream`).
 
+Beside each health probe, the same request to a bare asyncio responder in its own process (the
+floor): what the machine itself adds to a request while the fast run keeps its cores busy.
+`--ttfe-burst N` ends with N time-to-first-event probes back to back (5 ms apart) with nothing
+else running, alternating the two kinds: each overlaps the previous run's end.
+
 Throughput is the fast run's deltas over the span between its first and last delta's `createdAt`.
 Each round also times a bare reader taking the same answer straight from the upstream (one raw
 socket, no parsing): the fixture's own rate, printed beside the gateway's, which must stay well
@@ -76,6 +81,24 @@ async def _serve_upstream() -> None:
         await server.serve_forever()
 
 
+# -- the floor (its own process): answers every request at once --------------------------------------
+async def _floor_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _serve_floor() -> None:
+    server = await asyncio.start_server(_floor_connection, "127.0.0.1", 0)
+    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
 # -- the measurements -------------------------------------------------------------------------------
 def _run_body(model: str) -> dict[str, Any]:
     return {
@@ -92,6 +115,9 @@ async def _health(http: aiohttp.ClientSession, url: str, probe: str = "ready") -
     async with http.get(url + "/v1/health?probe=" + probe) as response:
         await response.read()
     return (time.perf_counter() - start) * 1000
+
+
+FLOOR: list[str] = []  # the floor responder's URL
 
 
 async def _first_event(http: aiohttp.ClientSession, url: str, one_call: bool) -> float:
@@ -125,6 +151,7 @@ async def _probe(
             if ONE_CALL:
                 out["ttfe_one_call"].append(await _first_event(http, url, one_call=True))
         else:
+            out["floor"].append(await _health(http, FLOOR[0]))
             out["health"].append(await _health(http, url))
             out["live"].append(await _health(http, url, "live"))
         await asyncio.sleep(0.005)  # probe pacing
@@ -133,7 +160,7 @@ async def _probe(
 async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: bool) -> dict[str, Any]:
     async with http.post(url + "/v1/runs", json=_run_body(f"n{deltas}")) as created:
         run_id = (await created.json())["hostRunId"]
-    out: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": []}
+    out: dict[str, list[float]] = {"health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     done = asyncio.Event()
     prober = asyncio.create_task(_probe(http, url, out, done, 100_000)) if probe else None
     clients = await asyncio.to_thread(Clients, url, [{"run": run_id, "after": None}], mode="count")
@@ -181,11 +208,23 @@ async def _upstream_rate(base_url: str, deltas: int) -> float:
     return deltas / seconds
 
 
-async def _bench(url: str, upstream: str, deltas: int, rounds: int) -> None:
-    idle: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": []}
+async def _burst(http: aiohttp.ClientSession, url: str, probes: int) -> dict[str, list[float]]:
+    """Time-to-first-event probes back to back with nothing else running, alternating the kinds."""
+    out: dict[str, list[float]] = {"ttfe_two_calls": [], "ttfe_one_call": []}
+    for index in range(probes):
+        one_call = ONE_CALL and index % 2 == 1
+        out["ttfe_one_call" if one_call else "ttfe_two_calls"].append(await _first_event(http, url, one_call))
+        await asyncio.sleep(0.005)  # probe pacing
+    return out
+
+
+async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) -> None:
+    idle: dict[str, list[float]] = {"health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     alone: list[float] = []
     upstream_rates: list[float] = []
-    probed: dict[str, list[float]] = {"health": [], "live": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []}
+    probed: dict[str, list[float]] = {
+        "health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []
+    }  # fmt: skip
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         await _fast_run(http, url, 200, probe=False)  # warm up
         for _ in range(rounds):
@@ -193,17 +232,19 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int) -> None:
             upstream_rates.append(await _upstream_rate(upstream, deltas))
             alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
             result = await _fast_run(http, url, deltas, probe=True)
-            for key in ("health", "live", "ttfe_two_calls", "ttfe_one_call"):
+            for key in ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call"):
                 probed[key] += result[key]
             probed["rate"].append(result["rate"])
             rates = {"upstream_rate": round(upstream_rates[-1]), "alone_rate": round(alone[-1])}
             print(json.dumps({"round": _, **rates, "probed": {
                 "rate": round(result["rate"]),
                 "health": _summary(result["health"]),
+                "floor": _summary(result["floor"]),
                 "live": _summary(result["live"]),
                 "ttfe_two_calls": _summary(result["ttfe_two_calls"]),
                 "ttfe_one_call": _summary(result["ttfe_one_call"]),
             }}), flush=True)  # fmt: skip
+        bursts = await _burst(http, url, burst) if burst else None
         async with http.get(url + "/metrics") as response:
             metrics = (await response.text()).splitlines()
     alone_rate = sorted(alone)[len(alone) // 2]
@@ -216,11 +257,16 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int) -> None:
         "idle_health_ms": _summary(idle["health"]),
         "busy_health_ms": _summary(probed["health"]),
         "busy_live_ms": _summary(probed["live"]),
+        # The same request to a bare responder in its own process: what the machine adds.
+        "idle_floor_ms": _summary(idle["floor"]),
+        "busy_floor_ms": _summary(probed["floor"]),
         "busy_health_p99_over_idle_p99": round(percentile(probed["health"], 99) / percentile(idle["health"], 99), 2),
         "idle_ttfe_two_calls_ms": _summary(idle["ttfe_two_calls"]),
         "idle_ttfe_one_call_ms": _summary(idle["ttfe_one_call"]) if ONE_CALL else None,
         "ttfe_two_calls_ms": _summary(probed["ttfe_two_calls"]),
         "ttfe_one_call_ms": _summary(probed["ttfe_one_call"]),
+        "burst_ttfe_two_calls_ms": _summary(bursts["ttfe_two_calls"]) if bursts else None,
+        "burst_ttfe_one_call_ms": _summary(bursts["ttfe_one_call"]) if bursts and ONE_CALL else None,
         # The fixture must be faster than the gateway, or the throughput ratio measures the fixture.
         "upstream_rate_bare_reader": round(upstream_rate),
         "fast_run_rate_alone": round(alone_rate),
@@ -239,7 +285,9 @@ def main() -> None:
     parser.add_argument("--switch", type=float, default=0.0, help="the gateway's GIL switch interval, seconds")
     parser.add_argument("--no-one-call", action="store_true", help="skip the create-and-stream probe")
     parser.add_argument("--ttfe-every", type=int, default=10, help="a time-to-first-event probe every N probes")
+    parser.add_argument("--ttfe-burst", type=int, default=0, help="end with N back-to-back first-event probes")
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     global ONE_CALL, TTFE_EVERY
     ONE_CALL = not args.no_one_call
@@ -247,10 +295,15 @@ def main() -> None:
     if args.upstream:
         asyncio.run(_serve_upstream())
         return
+    if args.floor:
+        asyncio.run(_serve_floor())
+        return
     upstream = subprocess.Popen([sys.executable, __file__, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
+    floor = subprocess.Popen([sys.executable, __file__, "--floor"], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
-        assert upstream.stdout is not None
+        assert upstream.stdout is not None and floor.stdout is not None
         base_url = upstream.stdout.readline().strip()
+        FLOOR.append(floor.stdout.readline().strip())
         with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryFile("w+") as log:
             env = {**ENV, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "", "OPENAI_MODEL": "n3"}
             command = [sys.executable, "-m", "agent_gateway", "serve", "--port", "0", "--data-dir", data_dir]
@@ -265,7 +318,7 @@ def main() -> None:
                 found = re.search(r"listening on (\S+)", line)
                 if not found:
                     raise RuntimeError(f"the gateway did not start: {line!r}")
-                asyncio.run(_bench(found.group(1), base_url, args.deltas, args.rounds))
+                asyncio.run(_bench(found.group(1), base_url, args.deltas, args.rounds, args.ttfe_burst))
             finally:
                 gateway.terminate()
                 gateway.wait(timeout=30)
@@ -273,8 +326,9 @@ def main() -> None:
                 lags = [line for line in log if "event loop blocked" in line]
                 print(f"{len(lags)} loop-lag warning line(s) from the gateway", *lags[-5:], sep="\n")
     finally:
-        upstream.terminate()
-        upstream.wait(timeout=10)
+        for process in (upstream, floor):
+            process.terminate()
+            process.wait(timeout=10)
 
 
 if __name__ == "__main__":
