@@ -96,7 +96,7 @@ class Gateway:
             batch_max=int(gw["journal_batch_events"]),
             read_executor=self.executor,
             durable_delivery=durable,
-            tail_max=int(gw["journal_memory_events"]),
+            tail_bytes=int(gw["journal_memory_mb"]) * 1024 * 1024,
         )
         storage_section = config.section("storage")
         # Compaction and retention ([storage]): a background task, never on a request's path.

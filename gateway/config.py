@@ -60,7 +60,7 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     ):
         if section[key] <= 0:
             problems.append((key, "must be positive"))
-    for key in ("max_queued_runs_per_session", "journal_memory_events"):
+    for key in ("max_queued_runs_per_session", "journal_memory_mb"):
         if section[key] < 0:
             problems.append((key, "must be 0 or more"))
     if not all(isinstance(name, str) and name and "/" not in name for name in section["allowed_hosts"]):
@@ -144,7 +144,7 @@ CORE_SECTIONS = [
             "heartbeat_seconds": 15.0,
             "stream_buffer_events": 1024,
             "journal_batch_events": 5000,
-            "journal_memory_events": 40_000,
+            "journal_memory_mb": 32,
             "run_timeout_seconds": 3600.0,
             "max_queued_runs_per_session": 16,
             "max_active_runs_per_actor": 64,

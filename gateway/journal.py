@@ -18,6 +18,7 @@ import fcntl
 import functools
 import json
 import logging
+import mmap
 import os
 import secrets
 import threading
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import chain, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import NotOwner
@@ -51,10 +52,58 @@ BURST_PUBLISH = 256
 # A runtime that emits without ever yielding to the loop still gets its events published (and
 # `max_pending` enforced) every this many events.
 PUBLISH_EVERY = 1024
-# Committed events of open runs kept in memory, at most this many in all (`tail_max`).
-TAIL_EVENTS = 40_000
-# Events freed per loop step when a run's tail goes (`release_gradually`).
-RELEASE_SLICE = 2048
+# Events waiting for storage before runtimes wait for it (`max_pending`). A runtime faster than
+# storage (a fast chat upstream against SQLite) otherwise piles up a backlog across runs: 200,000
+# events raised RSS by 100-200 MB that the allocator never gave back (bench_memory.py).
+MAX_PENDING = 20_000
+# Bytes of committed SSE frames of open runs kept in memory, in all (`tail_bytes`).
+TAIL_BYTES = 32 * 1024 * 1024
+TAIL_FIRST_REGION = 64 * 1024
+
+
+class TailFrames(NamedTuple):
+    """Consecutive events of a run as their SSE frames (`Journal.read_frames`)."""
+
+    frames: bytes
+    last_seq: int
+    count: int
+    terminal: bool  # the last one is the run's terminal event
+    caught_up: bool  # the last one is the last event published so far
+
+
+def _frame_end(frames: bytes | mmap.mmap, count: int, start: int = 0) -> int:
+    """Where the `count`-th SSE frame from `start` ends (a frame ends with its blank line; the
+    wire JSON in its `data:` line holds no raw newline)."""
+    position = start
+    for _ in range(count):
+        found = frames.find(b"\n\n", position)
+        if found < 0:
+            raise ValueError("fewer frames than events")
+        position = found + 2
+    return position
+
+
+class _RunTail:
+    """A run's committed SSE frames, appended to an anonymous memory map of its own that is
+    unmapped whole when the run is forgotten. Bytes objects (or events) held for a run's length
+    pinned the allocator's heap instead: RSS grew by 100-170 MB over a few hundred runs."""
+
+    __slots__ = ("entries", "full", "region", "used")
+
+    def __init__(self) -> None:
+        # Private: a shared anonymous map cannot grow (its pages past the first size fault).
+        self.region = mmap.mmap(-1, TAIL_FIRST_REGION, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.used = 0
+        self.entries: list[tuple[int, int, bool, int, int]] = []  # first, last seq, terminal, start, end
+        self.full = False  # a batch did not fit: nothing later is added (the tail stays gapless)
+
+    def append(self, first: int, last: int, terminal: bool, frames: bytes) -> None:
+        start, end = self.used, self.used + len(frames)
+        if end > len(self.region):
+            self.region.resize(max(end, 2 * len(self.region)))
+        self.region[start:end] = frames
+        self.used = end
+        self.entries.append((first, last, terminal, start, end))
 
 
 class JournalClosed(Exception):
@@ -88,10 +137,10 @@ class Journal:
         spool_dir: Path | None,
         *,
         batch_max: int = 5000,
-        max_pending: int = 200_000,
+        max_pending: int = MAX_PENDING,
         read_executor: ThreadPoolExecutor | None = None,
         durable_delivery: bool = False,
-        tail_max: int = TAIL_EVENTS,
+        tail_bytes: int = TAIL_BYTES,
     ) -> None:
         self.storage = storage
         self.bus = bus
@@ -107,15 +156,13 @@ class Journal:
         self._queue: deque[list[Event]] = deque()
         self._queued = 0
         self._pending_by_run: dict[str, deque[list[Event]]] = {}
-        # Committed batches of open runs, oldest first (the tail), and how many events they hold:
-        # a client that attaches to a running run late (or resumes) replays them from memory. A
-        # storage read would take a worker thread that holds the GIL for every row it turns into
-        # an event (a 20,000-event replay: ~0.1 s the loop waits for in slices). The events are
-        # the ones clients were sent, so a replay resends their SSE frames as built.
-        self._tail_by_run: dict[str, deque[list[Event]]] = {}
-        self._tail_count: dict[str, int] = {}
-        self._tailed = 0
-        self.tail_max = tail_max
+        # The SSE frames `publish` built for each open run, oldest first (its tail): a client that
+        # attaches to a running run late, or resumes it, replays them from memory. A storage read
+        # takes a worker thread that holds the GIL for every row it turns into an event (5.8 us a
+        # row: a 20,000-event replay stalled the loop ~0.1 s in 5 ms slices).
+        self._tail_by_run: dict[str, _RunTail] = {}
+        self._tailed = 0  # bytes in all tails
+        self.tail_bytes = tail_bytes
         self._appended = 0  # numbers every published event
         self._committed = 0
         self._queue_ready = asyncio.Event()
@@ -271,8 +318,11 @@ class Journal:
             self._spool(blobs[0] if len(blobs) == 1 else b"".join(blobs))
         queue, pending = self._queue, self._pending_by_run
         publish, hooks = self.bus.publish_many, self.on_append
+        keep_frames = self.tail_bytes > 0 and not self.durable_delivery
         for (host_run_id, events), blob in zip(unpublished.items(), blobs, strict=True):
             queue.append(events)
+            if keep_frames:
+                self._add_tail(host_run_id, events, blob)
             self._queued += len(events)
             run_pending = pending.get(host_run_id)
             if run_pending is None:
@@ -312,15 +362,10 @@ class Journal:
         self.publish()
         # Cluster mode reads only what storage holds (an uncommitted event may never be stored).
         batches = None if self.durable_delivery else self._pending_by_run.get(host_run_id)
-        tail = self._tail_by_run.get(host_run_id)
-        first = tail[0] if tail else batches[0] if batches else None
-        if first is not None and first[0].seq <= after_seq + 1:
-            # Memory holds every event after `after_seq` (committed ones in the tail, then those
-            # that wait for storage, e.g. a new run's): no storage read, no worker-thread trip.
-            # A page starts at the batch holding `after_seq + 1`, found by bisection.
-            held = list(tail or ()) + list(batches or ())
-            start = bisect.bisect_right(held, after_seq, key=lambda batch: batch[-1].seq)
-            wanted = (e for batch in islice(held, start, None) for e in batch if e.seq > after_seq)
+        if batches and batches[0][0].seq <= after_seq + 1:
+            # Every event after `after_seq` still waits for storage (a new run's first reader):
+            # no storage read, so no worker-thread round trip before the first event.
+            wanted = (e for batch in batches for e in batch if e.seq > after_seq)
             return list(wanted if limit is None else islice(wanted, limit))
         snapshot = [e for batch in batches or () for e in batch if e.seq > after_seq]
         stored = await self._in_reader(self.storage.read_events, host_run_id, after_seq, limit)
@@ -330,6 +375,32 @@ class Journal:
         tail = [e for e in snapshot if e.seq > last]
         events = stored + tail
         return events if limit is None else events[:limit]
+
+    def read_frames(self, host_run_id: str, after_seq: int, limit: int) -> TailFrames | None:
+        """The SSE frames of up to `limit` published events after `after_seq`, from the run's tail
+        in memory; None when the tail does not hold the event after `after_seq` (then `read`)."""
+        tail = self._tail_by_run.get(host_run_id)
+        if tail is None or not tail.entries or tail.entries[0][0] > after_seq + 1 or limit <= 0:
+            return None
+        entries = tail.entries
+        index = bisect.bisect_left(entries, after_seq + 1, key=lambda entry: entry[1])  # ends past the cursor
+        if index == len(entries):
+            return None
+        region = tail.region
+        first, _, _, begin, _ = entries[index]
+        begin = _frame_end(region, after_seq + 1 - first, begin)  # past the frames up to the cursor
+        end, count, last_seq, terminal = begin, 0, after_seq, False
+        for first, last, ends_run, start, stop in islice(entries, index, None):
+            seq = max(first, after_seq + 1)  # the entry's first frame taken
+            take = min(last - seq + 1, limit - count)
+            end = stop if take == last - seq + 1 else _frame_end(region, take, max(start, begin))
+            count += take
+            last_seq = seq + take - 1
+            terminal = ends_run and last_seq == last
+            if count >= limit:
+                break
+        caught_up = not tail.full and last_seq == entries[-1][1]  # every published batch is in the tail
+        return TailFrames(region[begin:end], last_seq, count, terminal, caught_up)
 
     async def last_event(self, host_run_id: str) -> Event | None:
         self.publish()
@@ -425,8 +496,6 @@ class Journal:
                     self.bus.publish_many(host_run_id, events)
                     for hook in self.on_commit:
                         hook(events)
-                elif delivered and host_run_id in self._next_seq:
-                    self._add_tail(host_run_id, events)
             self._queued -= count
             self._committed += count
             if self._queued < self.max_pending:
@@ -441,54 +510,40 @@ class Journal:
             self.storage.append_events(batch)
             return time.thread_time() - started
 
-    def _add_tail(self, host_run_id: str, events: list[Event]) -> None:
-        """Keep a committed batch of an open run in its tail; past `tail_max` events in all, the
-        oldest of this run's tail go (the run committing most is the one that holds most)."""
+    def _add_tail(self, host_run_id: str, events: list[Event], frames: bytes) -> None:
+        """Append a published batch's frames to its run's tail, if all tails stay within
+        `tail_bytes`; a run whose batch does not fit keeps what its tail holds and adds no more."""
         tail = self._tail_by_run.get(host_run_id)
         if tail is None:
-            tail = self._tail_by_run[host_run_id] = deque()
-            self._tail_count[host_run_id] = 0
-        tail.append(events)
-        self._tail_count[host_run_id] += len(events)
-        self._tailed += len(events)
-        while self._tailed > self.tail_max and tail:
-            dropped = len(tail.popleft())
-            self._tail_count[host_run_id] -= dropped
-            self._tailed -= dropped
-        if not tail:
-            self._drop_tail(host_run_id)
+            if self._tailed + len(frames) > self.tail_bytes or events[0].seq != 1:
+                return  # a tail starts with the run's first event (its replays begin there)
+            tail = self._tail_by_run[host_run_id] = _RunTail()
+        elif tail.full:
+            return
+        if self._tailed + len(frames) > self.tail_bytes:
+            tail.full = True
+            return
+        tail.append(events[0].seq, events[-1].seq, events[-1].is_terminal, frames)
+        self._tailed += len(frames)
 
     def _drop_tail(self, host_run_id: str) -> None:
         tail = self._tail_by_run.pop(host_run_id, None)
         if tail is not None:
-            self._tailed -= self._tail_count.pop(host_run_id)
-            self.release_gradually(tail)
+            self._tailed -= tail.used
+            tail.region.close()
 
-    def held_events(self, host_run_id: str) -> list[list[Event]] | None:
-        """Every event of an open run from seq 1, as batches in seq order, if memory still holds
-        them all (its tail, then what waits for storage); None if not (e.g. the tail lost its
-        head to `tail_max`). Hand them to `release_gradually` when done."""
+    def take_frames(self, host_run_id: str) -> bytes | None:
+        """The SSE frames of every event of an open run, in seq order, if its tail holds them all
+        (none was left out); None if not."""
         self.publish()
-        batches = [*self._tail_by_run.get(host_run_id, ()), *self._pending_by_run.get(host_run_id, ())]
-        if not batches or batches[0][0].seq != 1:
+        tail = self._tail_by_run.get(host_run_id)
+        if tail is None or tail.full:
             return None
-        return batches
-
-    def release_gradually(self, batches: list[list[Event]] | deque[list[Event]]) -> None:
-        """Drop `batches` from the end, RELEASE_SLICE events per loop step: the events of a long
-        run freed at once (their payloads and frames) would hold the loop for milliseconds."""
-        freed = 0
-        while batches and freed < RELEASE_SLICE:
-            freed += len(batches.pop())
-        if batches:
-            try:
-                asyncio.get_running_loop().call_soon(self.release_gradually, batches)
-            except RuntimeError:  # no loop (a script, a test): all at once
-                batches.clear()
+        return tail.region[: tail.used]
 
     @property
     def tailed(self) -> int:
-        """Committed events held in memory for replays (at most `tail_max`, but for one batch)."""
+        """Bytes of committed frames held for replays (at most `tail_bytes`)."""
         return self._tailed
 
     def _split_entry(self, index: int, keep: int) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from time import time as _time
 from typing import Any
@@ -265,6 +265,15 @@ class Event:
             "payload": self.payload,
             "createdAt": self.created_at,
         }
+
+
+def events_of_frames(blobs: Iterable[bytes]) -> Iterator[Event]:
+    """The events of SSE frames built by :func:`sse_frames` (without a projection): each frame's
+    `data:` line is the event's wire JSON."""
+    for blob in blobs:
+        for line in blob.split(b"\n"):
+            if line.startswith(b"data: "):
+                yield Event.from_wire(loads(line[6:]))
 
 
 def sse_frames(events: list[Event], project: Callable[[Event], Any] | None = None) -> bytes:

@@ -27,7 +27,7 @@ from aiohttp import hdrs, web
 
 from agent_gateway.bus import Bus
 from agent_gateway.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
-from agent_gateway.journal import Journal
+from agent_gateway.journal import Journal, TailFrames
 from agent_gateway.models import Event, Run, sse_frames
 from agent_gateway.storage import StorageUnavailable
 
@@ -418,7 +418,10 @@ class RunStream:
                 continue
             if events is None:
                 break
-            ended = bool(events) and await self._send_sliced(events)
+            if isinstance(events, TailFrames):
+                ended = await self._send_frames(events)
+            else:
+                ended = bool(events) and await self._send_sliced(events)
             events = None  # an idle stream must not hold its last batch (and their frames) while it waits
             if ended:
                 break
@@ -475,7 +478,7 @@ class RunStream:
             self._protocol.on_connection_lost = None
         self._bus.unsubscribe(self._subscriber)
 
-    async def _replay_page(self) -> list[Event] | None:
+    async def _replay_page(self) -> list[Event] | TailFrames | None:
         """The next page from the journal after the last seq sent; None once a finished topic has
         nothing left. A full page means more may follow: the next step replays again."""
         subscriber = self._subscriber
@@ -486,9 +489,20 @@ class RunStream:
         subscriber.clear()
         self._wakeup.clear()
         page = REPLAY_PAGE if self._last > self._after_seq else REPLAY_FIRST_PAGE
+        if self._project is None and self._encode is None:  # the journal's own frames will do
+            frames = self._journal.read_frames(self._topic, self._last, page)
+            if frames is not None:
+                # A running run's events as sent before: no storage read, no encoding. Unless
+                # they reach the last published event, what follows is read next.
+                self._replaying = frames.count >= page or not frames.caught_up
+                return frames
+        # Whether the run had ended before the read: its terminal event is published before its
+        # status flips, so such a read holds it. A run that ends during the read (a worker trip)
+        # may have published it after the read's snapshot, into the buffer, which delivers it next.
+        finished = self._is_finished()
         events = await self._journal.read(self._topic, self._last, page)
         self._replaying = len(events) >= page
-        if not events and not self._replaying and self._is_finished():
+        if not events and not self._replaying and finished:
             return None
         return events
 
@@ -520,6 +534,15 @@ class RunStream:
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
             self._subscriber.write_directly = self._write_directly
         return True
+
+    async def _send_frames(self, tail: TailFrames) -> bool:
+        """Write frames from the journal's tail as they are; True if the last is the terminal event."""
+        async with asyncio.timeout(self._send_timeout):
+            await self._write(tail.frames)
+        self._sent = True
+        self._stats.delivered += tail.count
+        self._last = tail.last_seq
+        return tail.terminal
 
     async def _send_sliced(self, events: list[Event]) -> bool:
         """`_send` SEND_SLICE events at a time; True if the last is the terminal event."""

@@ -201,7 +201,7 @@ def test_validator_problems(tmp_path: Path) -> None:
 port = 70000
 heartbeat_seconds = 0
 journal_batch_events = -1
-journal_memory_events = -1
+journal_memory_mb = -1
 
 [auth]
 tokens = { "short" = "alice", "0123456789abcdef" = "" }
@@ -215,7 +215,7 @@ max_history_turns = 0
         f"{path}: gateway.port: must be 0..65535, got 70000",
         f"{path}: gateway.heartbeat_seconds: must be positive",
         f"{path}: gateway.journal_batch_events: must be positive",
-        f"{path}: gateway.journal_memory_events: must be 0 or more",
+        f"{path}: gateway.journal_memory_mb: must be 0 or more",
         f"{path}: auth.tokens.shor…: token must be at least 16 characters",
         f"{path}: auth.tokens.0123…: must map a token to a non-empty actor id",
         f"{path}: chat_only.base_url: must start with http:// or https://",

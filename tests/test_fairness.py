@@ -166,7 +166,7 @@ async def test_readiness_skips_the_ping_while_the_journal_commits_and_pings_afte
     assert len(pings) == 1
 
 
-async def test_a_reader_of_a_running_runs_events_does_not_read_storage(make_gateway: MakeGateway) -> None:
+async def test_a_reader_of_events_that_all_wait_for_storage_does_not_read_storage(make_gateway: MakeGateway) -> None:
     client = await make_gateway()
     gw = gateway_of(client)
     await gw.journal.flush()
@@ -185,13 +185,12 @@ async def test_a_reader_of_a_running_runs_events_does_not_read_storage(make_gate
     pending = await gw.journal.read(run_id, 0)
     assert [e.seq for e in pending] == [1, 2, 3, 4, 5] and reads == []
     assert [e.seq for e in await gw.journal.read(run_id, 2, 2)] == [3, 4] and reads == []
-    await gw.journal.flush()  # committed, the run still open: the journal's tail answers
-    assert [e.seq for e in await gw.journal.read(run_id, 0)] == [1, 2, 3, 4, 5] and reads == []
+    await gw.journal.flush()  # committed now: the events come from storage, their frames from memory
+    assert [e.seq for e in await gw.journal.read(run_id, 0)] == [1, 2, 3, 4, 5] and len(reads) == 1
+    frames = gw.journal.read_frames(run_id, 0, 100)
+    assert frames is not None and frames.count == 5 and len(reads) == 1
     await gw.journal.append(run_id, "run.completed", {}, "gateway")
     assert gw.journal.has_terminal(run_id) and "run.completed" in TERMINAL_KINDS
-    await gw.journal.flush()
-    gw.journal.forget_run(run_id)  # ended and forgotten: storage answers
-    assert [e.seq for e in await gw.journal.read(run_id, 0)] == [1, 2, 3, 4, 5, 6] and len(reads) == 1
 
 
 async def test_the_heap_is_trimmed_after_a_run_ends_at_most_once_per_period(make_gateway: MakeGateway) -> None:

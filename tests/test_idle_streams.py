@@ -189,6 +189,7 @@ async def test_a_storage_failure_while_a_stream_replays_is_one_line_and_drops_it
     fake_llm.add(Reply(text="never finished", hang=True))
     client = await make_gateway()
     gateway = gateway_of(client)
+    gateway.journal.tail_bytes = 0  # the replay must go to storage, not to the run's frames in memory
     body = {"requestId": "r1", "agentId": "chat-only", "sessionId": "s1", "message": "hi"}
     created = await client.post("/v1/runs", json=body, headers=CLIENT)
     assert created.status == 201, await created.text()

@@ -18,7 +18,7 @@ import pytest
 
 from agent_gateway.bus import Bus, Subscriber
 from agent_gateway.journal import PUBLISH_EVERY, Journal, JournalFull
-from agent_gateway.models import Event
+from agent_gateway.models import Event, events_of_frames, sse_frames
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 
 WAIT = 10.0
@@ -237,7 +237,6 @@ async def test_nothing_is_appended_after_a_terminal_event(storage: PeeweeStorage
 
 async def test_read_merges_committed_and_pending_with_no_gap_or_duplicate(gated) -> None:
     journal, store = gated
-    journal.tail_max = 0  # committed events come from storage here (the tail: the next test)
     run = "run_r"
     journal.open_run(run)
     for i in range(1, 6):
@@ -297,52 +296,58 @@ async def test_read_merges_committed_and_pending_with_no_gap_or_duplicate(gated)
     assert [e.payload["text"] for e in await journal.read(run)] == [str(i) for i in range(1, 19)]
 
 
-async def test_an_open_runs_committed_events_are_read_from_memory_within_tail_max(gated) -> None:
+async def test_an_open_runs_committed_frames_are_read_from_memory_within_tail_bytes(gated) -> None:
     journal, store = gated
+    journal.batch_max = journal.commit_limit = 7  # commits split the published batches
     run, other = "run_t", "run_o"
     journal.open_run(run)
     journal.open_run(other)
-    for i in range(1, 101):
-        await journal.append(run, "message.delta", {"text": str(i)})
+    for i in range(1, 101):  # one published batch: split 7 events at a time by the commits
+        journal.append_nowait(run, "message.delta", {"text": str(i)})
     await journal.append(other, "message.delta", {"text": "o"})
     async with asyncio.timeout(WAIT):
         await journal.flush()
     assert seqs(store.inner.read_events(run)) == list(range(1, 101))
-    assert journal.tailed == 101
+    stored_frames = sse_frames(store.inner.read_events(run)) + sse_frames(store.inner.read_events(other))
+    assert journal.tailed == len(stored_frames)
 
-    # A late reader (any cursor, any page) gets exactly what followed, with no storage read.
+    # A late reader (any cursor, any page) gets exactly the frames clients were sent (the same
+    # bytes as frames built from storage), with no storage read.
     reads = store.reads
-    for after, limit in ((0, None), (0, 10), (37, None), (37, 5), (99, None), (100, None), (150, None)):
-        expected = [s for s in range(1, 101) if s > after][:limit]
-        assert seqs(await journal.read(run, after, limit)) == expected, (after, limit)
-    assert seqs(await journal.read(other)) == [1]
+    for after, limit in ((0, 10), (0, 100), (0, 500), (37, 5), (37, 1000), (6, 7), (99, 10)):
+        tail = journal.read_frames(run, after, limit)
+        expected = store.inner.read_events(run, after, limit)
+        assert tail is not None and tail.frames == sse_frames(expected), (after, limit)
+        assert (tail.last_seq, tail.count, tail.terminal) == (expected[-1].seq, len(expected), False)
     assert store.reads == reads
-    held = journal.held_events(run)
-    assert held is not None and seqs([e for batch in held for e in batch]) == list(range(1, 101))
+    assert journal.read_frames(run, 100, 10) is None  # nothing after the tail: `read` goes on
+    assert [e.seq for e in events_of_frames([journal.take_frames(other) or b""])] == [1]
 
-    # Past tail_max the run's oldest committed events leave memory: a read from before them goes
-    # to storage and is still exact; one inside the tail does not.
-    journal.tail_max = 60
+    # A batch that does not fit in tail_bytes ends the run's tail: what it holds still serves,
+    # what follows is read from storage, and the ended run is indexed from storage too.
+    journal.tail_bytes = journal.tailed + 100  # less than one more batch
     for i in range(101, 131):
         await journal.append(run, "message.delta", {"text": str(i)})
     async with asyncio.timeout(WAIT):
         await journal.flush()
-    assert journal.tailed <= 60 + 30  # tail_max, give or take the batch that went over it
-    assert journal.held_events(run) is None  # no longer every event from seq 1
-    reads = store.reads
-    assert seqs(await journal.read(run, 0, 50)) == list(range(1, 51))
-    assert store.reads == reads + 1
-    assert seqs(await journal.read(run, 120)) == list(range(121, 131))
-    assert store.reads == reads + 1
-    assert [e.payload["text"] for e in await journal.read(run)] == [str(i) for i in range(1, 131)]
+    assert journal.tailed == len(stored_frames)
+    tail = journal.read_frames(run, 90, 100)
+    assert tail is not None and (tail.last_seq, tail.count) == (100, 10) and store.reads == reads
+    assert journal.read_frames(run, 100, 10) is None and journal.take_frames(run) is None
+    assert seqs(await journal.read(run, 100)) == list(range(101, 131)) and store.reads == reads + 1
 
-    # A forgotten (ended) run's events are read from storage again, and memory is given back.
+    # The terminal event's frame says so.
+    journal.tail_bytes = 1 << 20
+    await journal.append(other, "run.completed", {})
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    tail = journal.read_frames(other, 0, 100)
+    assert tail is not None and (tail.last_seq, tail.count, tail.terminal) == (2, 2, True)
+
+    # A forgotten (ended) run's memory is given back.
     journal.forget_run(run)
     journal.forget_run(other)
-    assert journal.tailed == 0
-    reads = store.reads
-    assert seqs(await journal.read(run, 125)) == list(range(126, 131))
-    assert store.reads == reads + 1
+    assert journal.tailed == 0 and journal.read_frames(other, 0, 10) is None
 
 
 # -- the spool ----------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ exactly the run's event sequence.
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -314,3 +315,47 @@ async def test_a_cursor_beyond_the_terminal_event_closes_the_stream(make_gateway
     async with client.get(f"/v1/runs/{run_id}/stream", params={"afterSeq": format_cursor(10**6)}) as stream:
         async with asyncio.timeout(5):
             assert [event async for event in sse_events(stream)] == []
+
+
+async def test_a_run_that_ends_while_a_caught_up_stream_reads_storage_still_delivers_its_end(
+    make_gateway: MakeGateway,
+) -> None:
+    """A stream reads storage from its cursor (a worker trip); the run ends meanwhile: its terminal
+    event goes to the stream's buffer, not to that read, which comes back empty. The stream must
+    deliver it from the buffer, not close because the run has ended."""
+    script = ScriptPlugin()
+    client = await make_gateway(extra_plugins=(script,))
+    gateway = gateway_of(client)
+    gateway.journal.tail_bytes = 0  # replays read storage (the run's frames in memory would answer)
+    response = await client.post("/v1/runs", json=script_body("s-race", "req-race", control="race"))
+    run_id = (await response.json())["hostRunId"]
+    queue = script.runtime.control("race")
+    finished = asyncio.get_running_loop().create_future()
+    await queue.put(Step(2, finished))
+    await finished
+    await gateway.journal.flush()
+    last = int((await events_page(client, run_id))[-1]["seq"])
+
+    read_done, release = threading.Event(), threading.Event()
+    real_read = gateway.storage.read_events
+
+    def slow_read(*args: Any) -> Any:
+        events = real_read(*args)
+        if args[0] == run_id:
+            read_done.set()  # read, not yet returned: the run ends now
+            assert release.wait(WAIT)
+        return events
+
+    gateway.storage.read_events = slow_read  # type: ignore[method-assign]
+    async with client.get(f"/v1/runs/{run_id}/stream", params={"afterSeq": format_cursor(last)}) as stream:
+        assert stream.status == 200
+        assert await asyncio.to_thread(read_done.wait, WAIT)
+        await queue.put(None)  # the run ends while the stream's read is out
+        async with asyncio.timeout(WAIT):
+            await gateway.runs.wait(run_id)
+        release.set()
+        got = []
+        async with asyncio.timeout(WAIT):
+            async for event in sse_events(stream):
+                got.append(event)
+    assert [e["event"] for e in got] == ["run.completed"]

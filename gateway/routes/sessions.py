@@ -17,14 +17,13 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import replace
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
 from agent_gateway.errors import ApiError, read_json
-from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Event, Run, dumps
+from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps, events_of_frames
 from agent_gateway.runs import MAX_ID_LENGTH, VISIBLE
 from agent_gateway.transcript import project_transcript, run_transcript
 
@@ -84,9 +83,9 @@ class SessionIndexer:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
         self.enabled = all(callable(getattr(gateway.storage, name, None)) for name in INDEX_METHODS)
-        # Run snapshots to index, each with the events of an ended run if the journal still held
-        # them all when it ended (else they are read from storage).
-        self.queue: asyncio.Queue[tuple[Run, list[list[Event]] | None]] = asyncio.Queue()
+        # Run snapshots to index, each with the SSE frames of an ended run's events if the journal
+        # still held them all when it ended (else its events are read from storage).
+        self.queue: asyncio.Queue[tuple[Run, bytes | None]] = asyncio.Queue()
         self.worker: asyncio.Task[None] | None = None
         self.backfilled = False
         self.stopped = False
@@ -98,26 +97,24 @@ class SessionIndexer:
     def on_run(self, run: Run) -> None:
         if not self.enabled or self.stopped:
             return  # after shutdown: an ended run is indexed by the next process (settle)
-        # The ended run's events from memory: a storage read of a long run would hold the GIL on a
-        # worker for every row it turns into an event (0.2 s for 20,000), slowing the loop.
-        batches = self.gw.journal.held_events(run.host_run_id) if run.is_terminal else None
-        self.queue.put_nowait((replace(run, request=dict(run.request)), batches))  # a snapshot: the run changes on
+        # The ended run's events from the frames in memory: a storage read of a long run holds the
+        # GIL on a worker for every row it turns into an event (0.2 s for 20,000), slowing the loop.
+        frames = self.gw.journal.take_frames(run.host_run_id) if run.is_terminal else None
+        self.queue.put_nowait((replace(run, request=dict(run.request)), frames))  # a snapshot: the run changes on
         if self.worker is None or self.worker.done():
             self.worker = asyncio.get_running_loop().create_task(self._work(), name="session-indexer")
 
     async def _work(self) -> None:
         while True:
-            run, batches = await self.queue.get()
+            run, frames = await self.queue.get()
             try:
-                await self.index(run, batches)
+                await self.index(run, frames)
             except Exception:
                 log.exception("could not index run %s in its session", run.host_run_id)
             finally:
-                if batches is not None:
-                    self.gw.journal.release_gradually(batches)
                 self.queue.task_done()
 
-    async def index(self, run: Run, batches: list[list[Event]] | None = None) -> None:
+    async def index(self, run: Run, frames: bytes | None = None) -> None:
         storage = self.gw.storage
         # Writes take turns with the journal's group commits (`Journal.write`), not collide in
         # the database's lock, where the loser sleeps in its busy handler.
@@ -126,7 +123,7 @@ class SessionIndexer:
             # Read and folded on a worker: a long run's fold would hold the loop for milliseconds.
             transcript = await self._db(
                 lambda: project_transcript(
-                    storage.read_events(run.host_run_id) if batches is None else chain.from_iterable(batches),
+                    storage.read_events(run.host_run_id) if frames is None else events_of_frames([frames]),
                     run_transcript(run),
                 )
             )
