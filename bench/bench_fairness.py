@@ -20,6 +20,8 @@ floor): what the machine itself adds to a request while the fast run keeps its c
 else running, alternating the two kinds: each overlaps the previous run's end.
 
 Throughput is the fast run's deltas over the span between its first and last delta's `createdAt`.
+The busy figures hold every probe taken until the fast run's client has read it all; the
+streaming figures only those that ended inside that span.
 Each round also times a bare reader taking the same answer straight from the upstream (one raw
 socket, no parsing): the fixture's own rate, printed beside the gateway's, which must stay well
 below it for the ratio to measure the gateway.
@@ -48,6 +50,7 @@ from _common import ENV, ROOT, Clients, load, percentile
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
 ONE_CALL = True  # --no-one-call: a gateway without create-and-stream
+PROBE_KEYS = ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call")
 TTFE_EVERY = 10  # --ttfe-every: one time-to-first-event probe per this many probes
 MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
 
@@ -138,6 +141,22 @@ async def _first_event(http: aiohttp.ClientSession, url: str, one_call: bool) ->
         response.close()
 
 
+def _sample(out: dict[str, list[float]], key: str, milliseconds: float) -> None:
+    """Record a probe's latency, and (under "at:" + key) the wall-clock time it ended."""
+    out[key].append(milliseconds)
+    out.setdefault("at:" + key, []).append(time.time())
+
+
+def _while_streaming(out: dict[str, list[float]], first_ms: int, last_ms: int) -> dict[str, list[float]]:
+    """The samples of `out` whose probe ended between the fast run's first and last delta
+    (`createdAt`): taken while it streamed, not while its client caught up afterwards."""
+    during: dict[str, list[float]] = {}
+    for key in PROBE_KEYS:
+        ends = out.get("at:" + key, [])
+        during[key] = [value for value, end in zip(out[key], ends, strict=True) if first_ms <= end * 1000 <= last_ms]
+    return during
+
+
 async def _probe(
     http: aiohttp.ClientSession, url: str, out: dict[str, list[float]], done: asyncio.Event | None, probes: int
 ) -> None:
@@ -147,13 +166,13 @@ async def _probe(
         if done is not None and done.is_set():
             return
         if index % TTFE_EVERY == TTFE_EVERY - 1:
-            out["ttfe_two_calls"].append(await _first_event(http, url, one_call=False))
+            _sample(out, "ttfe_two_calls", await _first_event(http, url, one_call=False))
             if ONE_CALL:
-                out["ttfe_one_call"].append(await _first_event(http, url, one_call=True))
+                _sample(out, "ttfe_one_call", await _first_event(http, url, one_call=True))
         else:
-            out["floor"].append(await _health(http, FLOOR[0]))
-            out["health"].append(await _health(http, url))
-            out["live"].append(await _health(http, url, "live"))
+            _sample(out, "floor", await _health(http, FLOOR[0]))
+            _sample(out, "health", await _health(http, url))
+            _sample(out, "live", await _health(http, url, "live"))
         await asyncio.sleep(0.005)  # probe pacing
 
 
@@ -181,10 +200,13 @@ async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: b
             break
         after = int(body["nextCursor"])
     span = max((last or 0) - (first or 0), 1) / 1000
-    return {"events": result["events"], "rate": deltas / span, **out}
+    streaming = _while_streaming(out, first or 0, last or 0)
+    return {"events": result["events"], "rate": deltas / span, **out, "streaming": streaming}
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
+    if not samples:
+        return {"n": 0}
     return {"n": len(samples), "p50": round(percentile(samples, 50), 2), "p99": round(percentile(samples, 99), 2)}
 
 
@@ -225,6 +247,7 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
     probed: dict[str, list[float]] = {
         "health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []
     }  # fmt: skip
+    streaming: dict[str, list[float]] = {key: [] for key in PROBE_KEYS}  # between first and last delta
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         await _fast_run(http, url, 200, probe=False)  # warm up
         for _ in range(rounds):
@@ -232,8 +255,9 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
             upstream_rates.append(await _upstream_rate(upstream, deltas))
             alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
             result = await _fast_run(http, url, deltas, probe=True)
-            for key in ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call"):
+            for key in PROBE_KEYS:
                 probed[key] += result[key]
+                streaming[key] += result["streaming"][key]
             probed["rate"].append(result["rate"])
             rates = {"upstream_rate": round(upstream_rates[-1]), "alone_rate": round(alone[-1])}
             print(json.dumps({"round": _, **rates, "probed": {
@@ -265,6 +289,12 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
         "idle_ttfe_one_call_ms": _summary(idle["ttfe_one_call"]) if ONE_CALL else None,
         "ttfe_two_calls_ms": _summary(probed["ttfe_two_calls"]),
         "ttfe_one_call_ms": _summary(probed["ttfe_one_call"]),
+        # Only the probes that ended while the fast run's deltas were being created (the busy
+        # figures above also hold those taken while its client caught up afterwards).
+        "streaming_health_ms": _summary(streaming["health"]),
+        "streaming_floor_ms": _summary(streaming["floor"]),
+        "streaming_ttfe_two_calls_ms": _summary(streaming["ttfe_two_calls"]),
+        "streaming_ttfe_one_call_ms": _summary(streaming["ttfe_one_call"]),
         "burst_ttfe_two_calls_ms": _summary(bursts["ttfe_two_calls"]) if bursts else None,
         "burst_ttfe_one_call_ms": _summary(bursts["ttfe_one_call"]) if bursts and ONE_CALL else None,
         # The fixture must be faster than the gateway, or the throughput ratio measures the fixture.
