@@ -2,8 +2,9 @@
 
 An event takes one path: `append` gives it the run's next seq; then, once per loop tick for all
 events appended in it, `publish` builds each run's SSE frames once, writes them to the spool (a
-local append-only file: one `write()` call, so they survive a killed process), hands each run's
-events and frames to the bus as one batch, and queues them for storage. A writer task commits
+local append-only file: one `write()` call, so they survive a killed process), keeps them in the
+run's tail (replays of a running run come from there), hands each run's events and frames to the
+bus as one batch, and queues them for storage. A writer task commits
 queued events in batches (group commit) on a worker thread. Delivery never waits on the
 database; at start-up, spooled events missing from storage are written back before anything else
 runs, so a seq a client has seen is never given to another event.
@@ -56,7 +57,7 @@ PUBLISH_EVERY = 1024
 # storage (a fast chat upstream against SQLite) otherwise piles up a backlog across runs: 200,000
 # events raised RSS by 100-200 MB that the allocator never gave back (bench_memory.py).
 MAX_PENDING = 20_000
-# Bytes of committed SSE frames of open runs kept in memory, in all (`tail_bytes`).
+# Bytes of open runs' SSE frames kept in memory for replays, in all (`tail_bytes`).
 TAIL_BYTES = 32 * 1024 * 1024
 TAIL_FIRST_REGION = 64 * 1024
 
@@ -84,9 +85,9 @@ def _frame_end(frames: bytes | mmap.mmap, count: int, start: int = 0) -> int:
 
 
 class _RunTail:
-    """A run's committed SSE frames, appended to an anonymous memory map of its own that is
-    unmapped whole when the run is forgotten. Bytes objects (or events) held for a run's length
-    pinned the allocator's heap instead: RSS grew by 100-170 MB over a few hundred runs."""
+    """A run's published SSE frames, appended to an anonymous memory map of its own that is
+    unmapped whole when the run is forgotten: the memory goes back to the system at once,
+    whatever else the allocator keeps."""
 
     __slots__ = ("entries", "full", "region", "used")
 
@@ -532,7 +533,7 @@ class Journal:
             self._tailed -= tail.used
             tail.region.close()
 
-    def take_frames(self, host_run_id: str) -> bytes | None:
+    def frames_of(self, host_run_id: str) -> bytes | None:
         """The SSE frames of every event of an open run, in seq order, if its tail holds them all
         (none was left out); None if not."""
         self.publish()
@@ -543,7 +544,7 @@ class Journal:
 
     @property
     def tailed(self) -> int:
-        """Bytes of committed frames held for replays (at most `tail_bytes`)."""
+        """Bytes of frames held for replays (at most `tail_bytes`)."""
         return self._tailed
 
     def _split_entry(self, index: int, keep: int) -> None:

@@ -321,7 +321,7 @@ async def test_an_open_runs_committed_frames_are_read_from_memory_within_tail_by
         assert (tail.last_seq, tail.count, tail.terminal) == (expected[-1].seq, len(expected), False)
     assert store.reads == reads
     assert journal.read_frames(run, 100, 10) is None  # nothing after the tail: `read` goes on
-    assert [e.seq for e in events_of_frames([journal.take_frames(other) or b""])] == [1]
+    assert [e.seq for e in events_of_frames([journal.frames_of(other) or b""])] == [1]
 
     # A batch that does not fit in tail_bytes ends the run's tail: what it holds still serves,
     # what follows is read from storage, and the ended run is indexed from storage too.
@@ -333,7 +333,7 @@ async def test_an_open_runs_committed_frames_are_read_from_memory_within_tail_by
     assert journal.tailed == len(stored_frames)
     tail = journal.read_frames(run, 90, 100)
     assert tail is not None and (tail.last_seq, tail.count) == (100, 10) and store.reads == reads
-    assert journal.read_frames(run, 100, 10) is None and journal.take_frames(run) is None
+    assert journal.read_frames(run, 100, 10) is None and journal.frames_of(run) is None
     assert seqs(await journal.read(run, 100)) == list(range(101, 131)) and store.reads == reads + 1
 
     # The terminal event's frame says so.

@@ -99,7 +99,7 @@ class SessionIndexer:
             return  # after shutdown: an ended run is indexed by the next process (settle)
         # The ended run's events from the frames in memory: a storage read of a long run holds the
         # GIL on a worker for every row it turns into an event (0.2 s for 20,000), slowing the loop.
-        frames = self.gw.journal.take_frames(run.host_run_id) if run.is_terminal else None
+        frames = self.gw.journal.frames_of(run.host_run_id) if run.is_terminal else None
         self.queue.put_nowait((replace(run, request=dict(run.request)), frames))  # a snapshot: the run changes on
         if self.worker is None or self.worker.done():
             self.worker = asyncio.get_running_loop().create_task(self._work(), name="session-indexer")
