@@ -77,9 +77,10 @@ async def _upstream_connection(reader: asyncio.StreamReader, writer: asyncio.Str
         writer.close()
 
 
-async def _serve_upstream() -> None:
-    server = await asyncio.start_server(_upstream_connection, "127.0.0.1", 0)
-    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+async def _serve(handle: Any, path: str = "") -> None:
+    """Serve `handle` on a free loopback port (the upstream, the floor) and print the URL."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}{path}", flush=True)
     async with server:
         await server.serve_forever()
 
@@ -93,13 +94,6 @@ async def _floor_connection(reader: asyncio.StreamReader, writer: asyncio.Stream
         pass
     finally:
         writer.close()
-
-
-async def _serve_floor() -> None:
-    server = await asyncio.start_server(_floor_connection, "127.0.0.1", 0)
-    print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
-    async with server:
-        await server.serve_forever()
 
 
 # -- the measurements -------------------------------------------------------------------------------
@@ -323,10 +317,10 @@ def main() -> None:
     ONE_CALL = not args.no_one_call
     TTFE_EVERY = max(args.ttfe_every, 1)
     if args.upstream:
-        asyncio.run(_serve_upstream())
+        asyncio.run(_serve(_upstream_connection, "/v1"))
         return
     if args.floor:
-        asyncio.run(_serve_floor())
+        asyncio.run(_serve(_floor_connection))
         return
     upstream = subprocess.Popen([sys.executable, __file__, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
     floor = subprocess.Popen([sys.executable, __file__, "--floor"], stdout=subprocess.PIPE, text=True, env=ENV)
