@@ -296,7 +296,7 @@ async def test_read_merges_committed_and_pending_with_no_gap_or_duplicate(gated)
     assert [e.payload["text"] for e in await journal.read(run)] == [str(i) for i in range(1, 19)]
 
 
-async def test_an_open_runs_committed_frames_are_read_from_memory_within_tail_bytes(gated) -> None:
+async def test_an_open_runs_published_frames_are_read_from_memory_within_tail_bytes(gated) -> None:
     journal, store = gated
     journal.batch_max = journal.commit_limit = 7  # commits split the published batches
     run, other = "run_t", "run_o"

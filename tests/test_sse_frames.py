@@ -70,8 +70,7 @@ def test_projected_frames_carry_the_projection_as_json_and_skip_hidden_events() 
 def test_an_event_keeps_its_payload_json_in_a_buffer_of_its_own_size() -> None:
     """orjson (3.12 and later) returns even a small document in a 4 KB buffer. An event keeps its
     payload JSON (for storage and for frames) as long as it waits for storage or sits in a
-    client's buffer or the journal's tail: it must keep a right-sized copy, or 20,000 waiting
-    deltas hold 80 MB."""
+    client's buffer: it must keep a right-sized copy, or 20,000 waiting deltas hold 80 MB."""
     published = [Event("run_m", seq, "message.delta", "agent", {"text": "x" * 16}) for seq in range(1, 1001)]
     asked = [Event("run_m", seq, "tool.completed", "agent", {"status": "ok"}) for seq in range(1001, 2001)]
     tracemalloc.start()
