@@ -449,10 +449,12 @@ async def test_idle_binding_evicted_after_idle_seconds(make_gateway: MakeGateway
     idle = 0.5
     client = await gateway_with(make_gateway, FakeAcpPlugin("basic", idle_seconds=idle))
     first, _ = await turn(client, "hello")
-    ended = time.monotonic()
-    process = binding_of(client, "s1").process
+    binding = binding_of(client, "s1")
+    # The idle clock starts when the turn ends in the gateway (this process), not when the client
+    # has seen it end: a loop stall in between (a fork, a loaded machine) would shorten the gap.
+    ended = binding.last_used
     async with asyncio.timeout(WAIT):
-        await process.wait_closed()
+        await binding.process.wait_closed()
     assert time.monotonic() - ended >= idle * 0.8
     assert runtime_of(client).live_bindings() == 0
     assert (await agent_descriptor(client))["liveBindings"] == 0
