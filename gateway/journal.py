@@ -40,6 +40,8 @@ log = logging.getLogger("agent_gateway.journal")
 
 SPOOL_SEGMENT_BYTES = 32 * 1024 * 1024
 RECOVERY_BATCH = 5000
+# A spool line that is not an SSE frame: `record: <kind> <json>`, a write handed to `write_behind`.
+SPOOL_RECORD = b"record: "
 # A group commit takes about this much of the writer thread's CPU time (its size follows the
 # rate the last commits ran at), so a run row written ahead of the next commit (`write`) waits
 # for one short transaction, not for thousands of events. CPU time, not wall time: waits for the
@@ -185,10 +187,17 @@ class Journal:
         self.last_commit_at = 0.0  # time.monotonic() of the last successful commit
         # Held by each group commit and by `write` (run rows go between two commits).
         self._storage_lock = threading.Lock()
+        # Storage writes handed over by `write_behind`, oldest first: each commit and each `write`
+        # makes them first (under `_behind_lock`, so they are made once and in order).
+        self._behind: deque[Callable[[], Any]] = deque()
+        self._behind_lock = threading.Lock()
         self.priority_wait = PRIORITY_WAIT_SECONDS
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
         self.commit_limit = batch_max
         self.on_append: list[Callable[[Event], None]] = []
+        # By kind, what makes a spooled `write_behind` record's write again at start-up (a worker
+        # thread, before the events spooled after it are stored).
+        self.record_handlers: dict[str, Callable[[Any], None]] = {}
         # Cluster mode: events go to the bus only once committed (never one a crash can take
         # back), and `on_commit` hooks get each committed per-run batch (to relay it).
         self.durable_delivery = durable_delivery
@@ -430,10 +439,40 @@ class Journal:
     def _locked_write(self, call: Callable[[], Any]) -> Any:
         acquired = self._storage_lock.acquire(timeout=self.priority_wait)
         try:
+            self._write_behind_now()
             return call()
         finally:
             if acquired:
                 self._storage_lock.release()
+
+    def write_behind(self, fn: Callable[..., Any], *args: Any, record: bytes = b"") -> None:
+        """Hand a storage write (a new run's row) to the journal without waiting for it: it is
+        made on a worker before the next group commit, and before any later `write`, so a write
+        that follows it (the run's status) finds it stored. `record` (one line, no newline) goes
+        to the spool at once: at start-up after a kill, `recover_record` makes the write again
+        from it. Append an event right after: the write goes with the commit that stores it."""
+        self._behind.append(functools.partial(fn, *args))
+        if record and self._segments:
+            segment = self._segments[-1]  # no rotation here: the next event is spooled beside it
+            line = SPOOL_RECORD + record + b"\n"
+            view = memoryview(line)
+            while view:
+                view = view[os.write(segment.fd, view) :]
+            segment.size += len(line)
+        if not self._queue_ready.is_set():
+            self._queue_ready.set()
+
+    def _write_behind_now(self) -> None:
+        """Make the writes `write_behind` handed over, oldest first (a worker thread). One that
+        fails stays first in line, and the error goes to this caller (a retried commit makes it
+        again)."""
+        if not self._behind:
+            return
+        with self._behind_lock:
+            behind = self._behind
+            while behind:
+                behind[0]()
+                behind.popleft()
 
     # -- group commit -------------------------------------------------------------------------------
     async def _write_loop(self) -> None:
@@ -441,7 +480,7 @@ class Journal:
         failures = 0  # failed attempts in a row: events stay spooled and queued meanwhile
         while True:
             await self._queue_ready.wait()
-            if not self._queue:
+            if not self._queue and not self._behind:
                 self._queue_ready.clear()
                 continue
             # Per-run batches, oldest first, up to `commit_limit` events (the last one taken is
@@ -482,7 +521,7 @@ class Journal:
                 failures = 0
             backoff = 0.05
             self._adapt_commit_limit(count, cpu_seconds)
-            self.batches += 1
+            self.batches += bool(count)
             self.last_commit_at = time.monotonic()
             # The taken batches are the queue's head (only this loop pops) and each run's pending head.
             queue, pending = self._queue, self._pending_by_run
@@ -507,8 +546,10 @@ class Journal:
     def _commit(self, batch: list[Event]) -> float:
         """Store one group commit (on the writer thread); returns the thread's CPU seconds for it."""
         with self._storage_lock:
+            self._write_behind_now()
             started = time.thread_time()
-            self.storage.append_events(batch)
+            if batch:
+                self.storage.append_events(batch)
             return time.thread_time() - started
 
     def _add_tail(self, host_run_id: str, events: list[Event], frames: bytes) -> None:
@@ -606,6 +647,18 @@ class Journal:
         if segment.size >= SPOOL_SEGMENT_BYTES:
             self._open_segment()
 
+    def _recover_record(self, line: bytes, path: Path) -> None:
+        kind, _, body = line.rstrip(b"\n").partition(b" ")
+        handler = self.record_handlers.get(kind.decode("ascii", "replace"))
+        if handler is None:
+            log.warning("skipped a spooled %r record in %s: nothing handles it", kind[:40], path.name)
+            return
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return  # a line cut short by the kill: its run's events were never spooled either
+        handler(data)
+
     def _drop_committed_segments(self) -> None:
         while len(self._segments) > 1 and self._segments[0].last_number <= self._committed:
             self._segments.popleft().close(remove=True)
@@ -629,6 +682,13 @@ class Journal:
                 recovered = 0
                 with open(fd, "rb", closefd=False) as lines:
                     for raw in lines:
+                        if raw.startswith(SPOOL_RECORD):
+                            if batch:  # in spool order: what came before it first
+                                self.storage.append_events(batch)
+                                recovered += len(batch)
+                                batch = []
+                            self._recover_record(raw[len(SPOOL_RECORD) :], path)
+                            continue
                         if not raw.startswith(b"data: "):
                             continue  # a frame's id: / event: line, or the blank line ending it
                         try:

@@ -17,7 +17,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent_gateway.cluster import Coordinator
@@ -177,7 +177,11 @@ class RunManager:
         self._shutting_down = False
         self._watchdogs: set[asyncio.Task[None]] = set()
         self._repairing: KeyedLocks[str] = KeyedLocks()  # one repair per run
+        # New runs whose row the journal has not stored yet (`write_behind`), by request key: a
+        # repeated requestId finds them here. A worker thread removes each once it is stored.
+        self._unstored: dict[tuple[str, str, str, str], Run] = {}
         journal.on_append.append(self._observe)
+        journal.record_handlers["run"] = self._recover_row
         self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
         self.created = 0
         self.listeners: list[Callable[[Run], None]] = []
@@ -209,16 +213,26 @@ class RunManager:
             try:
                 admitted = self._admit(actor_id, request["sessionId"])
             except AdmissionRefused:
-                existing = await self._db(self.storage.find_run_by_request, *key)
+                existing = await self._find_by_request(key)
                 if existing is not None:  # idempotency first: a repeat is answered whatever the limits
                     return await self._existing(existing, request_hash), False
                 raise
             try:
-                run = self._new_run(actor_id, request, request_hash, runtime)
-                # The idempotency look-up and the insert in one worker trip, between two group
-                # commits: a new run's row (and so its first event) never waits behind a busy
-                # stream's commits for SQLite's writer lock.
-                existing = await self.journal.write(self._insert_or_find, run)
+                if self.coordinator.clustered:
+                    # Another instance may take the key: the insert decides (the storage's
+                    # unique key), in one worker trip between two group commits.
+                    run = self._new_run(actor_id, request, request_hash, runtime)
+                    existing = await self.journal.write(self._insert_or_find, run)
+                else:
+                    # Only this process creates runs: a look-up (a read, which never waits for a
+                    # group commit) decides, and the row goes to storage behind the run's first
+                    # event, with the next group commit. The spool keeps it until then.
+                    existing = await self._find_by_request(key)
+                    if existing is None:
+                        run = self._new_run(actor_id, request, request_hash, runtime)
+                        self._unstored[key] = run
+                        record = b"run " + json.dumps(asdict(run), separators=(",", ":")).encode()
+                        self.journal.write_behind(self._store_new_run, key, run, record=record)
                 if existing is not None:  # a repeated requestId (or another process took the key)
                     return await self._existing(existing, request_hash), False
                 self.journal.open_run(run.host_run_id)
@@ -232,6 +246,34 @@ class RunManager:
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
+
+    async def _find_by_request(self, key: tuple[str, str, str, str]) -> Run | None:
+        unstored = self._unstored.get(key)
+        if unstored is not None:
+            return unstored
+        found: Run | None = await self._db(self.storage.find_run_by_request, *key)
+        return found
+
+    def _store_new_run(self, key: tuple[str, str, str, str], run: Run) -> None:
+        """Store a new run's row (a worker thread, from the journal's `write_behind`)."""
+        try:
+            self.storage.insert_run(run)
+        except RequestConflict as conflict:  # another process on this database took the key meanwhile
+            log.error(
+                "run %s was not stored: its requestId is taken by run %s (is another gateway "
+                "writing to this database outside a cluster?)",
+                run.host_run_id,
+                conflict.existing.host_run_id,
+            )
+        self._unstored.pop(key, None)
+
+    def _recover_row(self, data: dict[str, Any]) -> None:
+        """At start-up (a worker thread): store the row of a run spooled before a kill took the
+        process, if it is not stored yet; the start-up repair then ends it as `interrupted`."""
+        try:
+            self.storage.insert_run(Run(**data))
+        except RequestConflict as conflict:
+            log.error("a spooled run was not stored: its requestId is taken by run %s", conflict.existing.host_run_id)
 
     def _insert_or_find(self, run: Run) -> Run | None:
         """None once `run` is stored, or the run already stored under its request key (a worker

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -141,3 +142,55 @@ async def test_sigkill_mid_run_then_restart_interrupts_the_run_and_keeps_every_s
         assert (await retry.json())["hostRunId"] == run_id
     await second.stop()
     assert second.proc.returncode == 0, second.log()
+
+
+async def test_a_run_killed_before_its_row_was_stored_comes_back_from_the_spool(
+    tmp_path: Path, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    """A new run's row goes to storage behind its first event; the spool holds it until then. With
+    SQLite's write lock held elsewhere, the row cannot be stored: the client still gets its receipt
+    and `run.created`, the gateway is killed, and the restarted one has the run (interrupted) with
+    its request: a retry of its requestId is that run, a different body is a conflict."""
+    data_dir = tmp_path / "data"
+    first = await start_gateway(data_dir, fake_llm.base_url)
+    body = {"requestId": "kept-1", "agentId": "chat-only", "sessionId": "s-kept", "message": "go"}
+    blocker = sqlite3.connect(data_dir / "gateway.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")  # the gateway's writes now wait (busy timeout: 15 s)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+            response = await http.post(f"{first.url}/v1/runs", json=body)
+            assert response.status == 201, await response.text()
+            receipt = await response.json()
+            assert blocker.execute("SELECT count(*) FROM ag_runs").fetchone() == (0,)  # not stored yet
+            repeat = await http.post(f"{first.url}/v1/runs", json=body)  # found in memory
+            assert repeat.status == 200, await repeat.text()
+            assert (await repeat.json())["hostRunId"] == receipt["hostRunId"]
+            reused = await http.post(f"{first.url}/v1/runs", json={**body, "message": "another"})
+            assert reused.status == 409, await reused.text()
+            async with asyncio.timeout(WAIT):
+                stream = await http.get(f"{first.url}/v1/runs/{receipt['hostRunId']}/stream")
+                first_event = await anext(sse_events(stream))
+                stream.release()
+        assert first_event["event"] == "run.created"
+        first.kill()
+        await first.wait()
+        assert blocker.execute("SELECT count(*) FROM ag_runs").fetchone() == (0,)
+    finally:
+        blocker.close()  # rolls back: the lock is free for the next gateway
+
+    second = await start_gateway(data_dir, fake_llm.base_url)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+        got = await http.get(f"{second.url}/v1/runs/{receipt['hostRunId']}")
+        assert got.status == 200, await got.text()
+        stored = await got.json()
+        assert stored["status"] == "interrupted", stored
+        assert stored["createdAt"] == receipt["createdAt"]
+        page = await (await http.get(f"{second.url}/v1/runs/{receipt['hostRunId']}/events")).json()
+        assert [e["kind"] for e in page["events"]] == ["run.created", "run.interrupted"]
+        assert page["events"][0]["payload"]["receipt"]["hostRunId"] == receipt["hostRunId"]
+        retry = await http.post(f"{second.url}/v1/runs", json=body)
+        assert retry.status == 200, await retry.text()
+        assert (await retry.json())["hostRunId"] == receipt["hostRunId"]
+        conflict = await http.post(f"{second.url}/v1/runs", json={**body, "message": "another"})
+        assert conflict.status == 409, await conflict.text()
+    await second.stop()
