@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "SessionPlan": "agent_gateway.runtime",
     "SessionStrategy": "agent_gateway.sessions",
     "TranscriptStrategy": "agent_gateway.sessions",
+    "yield_slice": "agent_gateway.fairness",
     # the generic ACP runtime
     "AcpAgentSpec": "agent_gateway.acp.runtime",
     "AcpRuntime": "agent_gateway.acp.runtime",
@@ -86,6 +87,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "SessionPlan",
     "SessionStrategy",
     "TranscriptStrategy",
+    "yield_slice",
     "AcpAgentSpec",
     "AcpRuntime",
     "AcpSessionStrategy",

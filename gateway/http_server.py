@@ -37,6 +37,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from agent_gateway.errors import error_response
+from agent_gateway.fairness import waiting_requests
 
 log = logging.getLogger("agent_gateway.http")
 
@@ -79,6 +80,9 @@ class JsonErrorRequestHandler(RequestHandler):
         manager = self._manager
         open_before = len(manager.connections) + getattr(manager, "handed_off", 0) if manager is not None else 0
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            waiting_requests().moved(sock.fileno(), self)
         if open_before >= self._limits.max_connections:
             # Read the request (so the client sees the answer, not a reset), answer 503, close.
             self._over_capacity = True
@@ -88,11 +92,21 @@ class JsonErrorRequestHandler(RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._header_deadline is None and not self._request_in_progress and not self._messages:
             self._start_header_deadline()  # the first byte of the next request
+            waiting_requests().arrived(self)  # runtimes hold back their slices until it is answered
         super().data_received(data)
         if self._messages or self._request_in_progress or (self._waiter is not None and self._waiter.done()):
             self._cancel_header_deadline()  # a whole request head arrived
 
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            waiting_requests().answered(self)
+
     def connection_lost(self, exc: BaseException | None) -> None:
+        waiting_requests().answered(self)
         self._cancel_header_deadline()
         super().connection_lost(exc)
         callback, self.on_connection_lost = self.on_connection_lost, None
@@ -394,6 +408,8 @@ class GuardedTCPSite(web.BaseSite):
                 backoff = min(backoff * 2, ACCEPT_BACKOFF_MAX)
                 continue
             backoff = ACCEPT_BACKOFF_FIRST
+            # A request is on its way: runtimes give way from now (the protocol takes this over).
+            waiting_requests().arrived(conn.fileno())
             self._hand_over(loop, conn)
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from agent_gateway.bus import Bus
+from agent_gateway.fairness import waiting_requests
 from agent_gateway.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
 from agent_gateway.journal import Journal, TailFrames
 from agent_gateway.models import Event, Run, sse_frames
@@ -252,6 +253,7 @@ class RunStream:
         "_task",
         "_topic",
         "_transport",
+        "_unanswered",
         "_wakeup",
         "heartbeat",
         "topic",
@@ -305,6 +307,9 @@ class RunStream:
         self._finished = False  # a direct write delivered the terminal event
         self._stopping = False  # shutdown: write what is buffered, then end
         self._protocol = request.protocol if isinstance(request.protocol, JsonErrorRequestHandler) else None
+        # The request's connection until the stream's first events are written: until then it is
+        # a request waiting for its answer, which runtimes' slices give way to (`fairness`).
+        self._unanswered: object | None = request.protocol
         # Once the headers are out, the connection leaves aiohttp (`hand_off`) unless the
         # response needs aiohttp's writer (compression).
         self._request: web.Request | None = request if not response.compression and can_hand_off(request) else None
@@ -535,12 +540,19 @@ class RunStream:
             self._subscriber.write_directly = self._write_directly
         return True
 
+    def _answered(self) -> None:
+        """The first events are out: the request no longer waits for its answer."""
+        waiting_requests().answered(self._unanswered)
+        self._unanswered = None
+
     async def _send_frames(self, tail: TailFrames) -> bool:
         """Write frames from the journal's tail as they are; True if the last is the terminal event."""
         async with asyncio.timeout(self._send_timeout):
             await self._write(tail.frames)
         self._sent = True
         self._stats.delivered += tail.count
+        if self._unanswered is not None:
+            self._answered()
         self._last = tail.last_seq
         return tail.terminal
 
@@ -578,6 +590,8 @@ class RunStream:
                 await self._write(blob)
         self._sent = True
         self._stats.delivered += len(events)
+        if self._unanswered is not None:
+            self._answered()
         last = events[-1]
         self._last = last.seq
         return last.is_terminal  # nothing follows a run's terminal event
@@ -596,6 +610,8 @@ class RunStream:
         blob = frames if frames is not None else encode_events(events)
         transport.write(self._framed(blob))
         self._stats.delivered += len(events)
+        if self._unanswered is not None:
+            self._answered()
         last = events[-1]
         self._last = last.seq
         if last.is_terminal:  # nothing follows a run's terminal event

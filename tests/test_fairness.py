@@ -20,12 +20,15 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from _harness import metric, parse_prometheus
 from aiohttp import web
 from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
+from agent_gateway import fairness
 from agent_gateway.config import Config
+from agent_gateway.http_server import GatewayRunner, GuardedTCPSite
 from agent_gateway.loop_monitor import BUCKETS, LoopLagMonitor
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugins.chat_only import runtime as chat_only_runtime
@@ -227,3 +230,108 @@ async def test_garbage_cycles_are_collected_before_the_heap_is_trimmed(make_gate
         assert freed() is None and trimmer.collected >= 1
     finally:
         gc.enable()
+
+
+# -- requests before bulk work (`agent_gateway.fairness`) -----------------------------------------
+
+
+async def test_yield_slice_waits_while_a_request_that_just_arrived_is_unanswered() -> None:
+    requests = fairness.waiting_requests()
+    connection = object()
+    requests.arrived(connection)
+    paused = asyncio.create_task(fairness.yield_slice())
+    for _ in range(50):  # many loop turns: the slice stays paused while the request waits
+        await asyncio.sleep(0)
+    assert not paused.done()
+    requests.answered(connection)
+    await asyncio.wait_for(paused, WAIT)
+    assert len(requests) == 0
+    # Nothing waiting: one loop turn.
+    await asyncio.wait_for(fairness.yield_slice(), WAIT)
+
+
+async def test_a_request_holds_slices_back_for_priority_seconds_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fairness, "PRIORITY_SECONDS", 0.05)
+    requests = fairness.waiting_requests()
+    slow = object()
+    requests.arrived(slow)  # never answered (a slow handler, a client that sent half a request)
+    await asyncio.wait_for(fairness.yield_slice(), WAIT)
+    assert requests.time_left() == 0.0  # it no longer counts...
+    assert len(requests) == 0  # ...and is forgotten
+    await asyncio.wait_for(fairness.yield_slice(), WAIT)
+
+
+async def test_an_accepted_connection_counts_from_its_accept() -> None:
+    requests = fairness.waiting_requests()
+    requests.arrived(7)  # the accepted socket's descriptor
+    arrived = requests._since[7]
+    handler = object()
+    requests.moved(7, handler)
+    assert requests._since == {handler: arrived}
+    requests.moved(8, object())  # nothing waits under 8: nothing moves
+    assert requests._since == {handler: arrived}
+    requests.answered(handler)
+    assert requests.time_left() == 0.0
+
+
+@pytest.mark.parametrize("priority", [True, False], ids=["priority", "no-priority"])
+async def test_requests_to_the_gateway_server_are_answered_between_two_slices_of_a_busy_runtime(
+    priority: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime working through a buffered upstream (slices of ~0.3 ms CPU with `yield_slice`
+    between them) on the gateway's own server (`GatewayRunner`, `GuardedTCPSite`): each request,
+    on a new connection and on a kept-alive one, is answered while the runtime parks (a slice or
+    two: the one before the accept, the one after the answer), not several slices later. The
+    `no-priority` case shows what the test tells apart: there each request waits for one slice per
+    loop turn it needs (accept, connection, read, handler task)."""
+    if not priority:
+        monkeypatch.setattr(fairness, "PRIORITY_SECONDS", 0.0)
+    slices = 0
+    stop = asyncio.Event()
+
+    async def runtime() -> None:
+        nonlocal slices
+        for _ in range(10_000_000):  # bounded; ends with the test
+            if stop.is_set():
+                return
+            ends = time.perf_counter() + 0.0003
+            while time.perf_counter() < ends:  # a slice of parsing
+                pass
+            slices += 1
+            await fairness.yield_slice()
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/ping", ping)
+    runner = GatewayRunner(app)
+    await runner.setup()
+    site = GuardedTCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    busy = asyncio.create_task(runtime())
+    during: list[int] = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            for index in range(40):
+                # Even requests go on a new connection (the accept path; the odd one before closed
+                # its connection), odd ones on the connection kept alive after it.
+                headers = {"Connection": "close"} if index % 2 else {}
+                before = slices
+                async with http.get(site.name + "/ping", headers=headers) as response:
+                    assert response.status == 200
+                    await response.read()
+                during.append(slices - before)
+                await asyncio.sleep(0)
+    finally:
+        stop.set()
+        await busy
+        await runner.cleanup()
+    assert slices > sum(during)  # the runtime ran between the requests too
+    new_connection, kept_alive = sorted(during[0::2]), sorted(during[1::2])
+    # Slices counted by the client, which runs in the same loop: its own turns (the request's
+    # write, the response's read) take one each.
+    if priority:
+        assert kept_alive[10] <= 3 and new_connection[10] <= 4, during
+    else:  # (measured here: 5 and 9)
+        assert kept_alive[10] >= 5 and new_connection[10] >= 7, during

@@ -52,6 +52,7 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 from agent_gateway.environment import agent_environment
+from agent_gateway.fairness import yield_slice
 
 __all__ = [
     "CANCELLED_PERMISSION",
@@ -463,8 +464,9 @@ class AcpProcess:
                     await self._handle_lines(lines)
                 if len(block) >= block_size:
                     # More is likely buffered, and a buffered read does not suspend: let the loop
-                    # turn before the next block (an agent far ahead would hold it otherwise).
-                    await asyncio.sleep(0)
+                    # turn before the next block (an agent far ahead would hold it otherwise), and
+                    # requests that just arrived go first.
+                    await yield_slice()
                 if rest:
                     partial_size = len(rest)
                     if partial_size > max_bytes:

@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome
+from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome, yield_slice
 
 # A slice of parsing and emitting ends after this long or this many upstream lines, whichever
 # comes first; the stream then yields to the loop once.
@@ -138,7 +138,7 @@ class ChatOnlyRuntime:
             async for raw in response.content:
                 lines_left -= 1
                 if not lines_left or clock() >= slice_ends:
-                    await asyncio.sleep(0)  # a slice used up: let other runs and requests in
+                    await yield_slice()  # a slice used up: let other runs and requests in
                     slice_ends = clock() + SLICE_SECONDS
                     lines_left = SLICE_LINES
                 line = raw.decode("utf-8", "replace").strip()
