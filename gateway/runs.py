@@ -251,6 +251,15 @@ class RunManager:
         unstored = self._unstored.get(key)
         if unstored is not None:
             return unstored
+        # A worker trip costs a new run's first event a few ms while a busy run holds the loop.
+        find_nowait = getattr(self.storage, "find_run_by_request_nowait", None)
+        if find_nowait is not None:
+            try:
+                at_once: Run | None = find_nowait(*key)
+            except Exception as exc:  # it could not answer at once: a worker can
+                log.debug("the run look-up goes to a worker: %s", exc)
+            else:
+                return at_once
         found: Run | None = await self._db(self.storage.find_run_by_request, *key)
         return found
 

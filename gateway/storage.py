@@ -52,6 +52,10 @@ class Storage(Protocol):
 
     def find_run_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None: ...
 
+    # Optional: `find_run_by_request_nowait`, the same look-up on the event loop's thread for a
+    # backend that can answer at once without waiting (a local file read, never a lock or the
+    # network): it raises when it cannot, and `POST /v1/runs` then asks a worker as usual.
+
     def list_runs(
         self,
         *,

@@ -11,8 +11,10 @@ import asyncio
 import json
 import re
 import socket
+import sqlite3
 from typing import Any
 
+import pytest
 from conftest import (
     WAIT,
     events_page,
@@ -751,3 +753,33 @@ async def test_openapi_lists_exactly_the_served_routes(make_gateway):
             served.add((_normalise(path), route.method))
     assert served == documented
     assert json.dumps(spec)  # serialisable as served
+
+
+@pytest.mark.parametrize("nowait", ["answers", "refuses"])
+async def test_the_request_look_up_runs_on_the_loop_when_storage_can_answer_at_once(
+    nowait: str, make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite answers a new run's idempotency look-up on the loop (no worker trip before the
+    first event); a look-up it refuses (a locked database) goes to a worker. Either way a new
+    run is 201 and its repeat 200 with the same run, once its row is stored too."""
+    client = await make_gateway()
+    storage = gateway_of(client).storage
+    on_worker: list[tuple[str, ...]] = []
+    find_on_worker = storage.find_run_by_request
+
+    def counted(*key: str) -> Run | None:
+        on_worker.append(key)
+        return find_on_worker(*key)
+
+    def refused(*key: str) -> Run | None:
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(storage, "find_run_by_request", counted)
+    if nowait == "refuses":
+        monkeypatch.setattr(storage, "find_run_by_request_nowait", refused)
+    body = run_body("go")
+    receipt, _events = await run_to_end(client, body)  # created (201), then its row stored
+    repeat = await client.post("/v1/runs", json=body)
+    assert repeat.status == 200
+    assert (await repeat.json())["hostRunId"] == receipt["hostRunId"]
+    assert len(on_worker) == (0 if nowait == "answers" else 2), on_worker

@@ -172,6 +172,26 @@ def test_run_round_trip(storage: PeeweeStorage) -> None:
     assert storage.get_run("missing") is None
 
 
+def test_the_nowait_look_up_answers_like_the_worker_one_or_refuses_at_once(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    """`find_run_by_request_nowait` (for `POST /v1/runs` on the event loop): on SQLite the same
+    answer as `find_run_by_request`, including a row committed after its first read, on a
+    connection that never waits for a lock; refused on PostgreSQL (the network)."""
+    run = make_run(1, parent_run_id="run-0")
+    if storage.path is None:
+        with pytest.raises(NotImplementedError):
+            storage.find_run_by_request_nowait("alice", "s-1", "local:notes", "req-1")
+        return
+    assert storage.find_run_by_request_nowait("alice", "s-1", "local:notes", "req-1") is None
+    storage.insert_run(run)  # on another connection, after the first read
+    assert storage.find_run_by_request_nowait("alice", "s-1", "local:notes", "req-1") == run
+    assert storage.find_run_by_request_nowait("bob", "s-1", "local:notes", "req-1") is None
+    # Its connection never waits for a lock: a busy database is refused at once (SQLITE_BUSY).
+    assert storage._nowait_conn is not None
+    assert storage._nowait_conn.execute("PRAGMA busy_timeout").fetchone() == (0,)
+
+
 def test_update_run_rejects_unknown_fields(storage: PeeweeStorage) -> None:
     storage.insert_run(make_run(1))
     with pytest.raises(ValueError, match="nope"):

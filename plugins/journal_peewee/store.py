@@ -30,6 +30,7 @@ import functools
 import json
 import logging
 import re
+import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -346,6 +347,13 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         self.models = build_models(self.database, self.table_prefix, self.schema)
         self._events_table = self._qualified(self.models.event._meta.table_name)
         self._sqlite_insert_sql: dict[int, str] = {}
+        run_columns = {f.name: f.column_name for f in self.models.run._meta.sorted_fields}
+        self._find_run_sql = (
+            f"SELECT {', '.join(run_columns[name] for name in _RUN_FIELDS)} "
+            f"FROM {self._qualified(self.models.run._meta.table_name)} "
+            "WHERE actor_id = ? AND session_id = ? AND workspace_id = ? AND request_id = ? LIMIT 1"
+        )
+        self._nowait_conn: sqlite3.Connection | None = None  # find_run_by_request_nowait's
         self._opened = False
         self._open_lock = threading.Lock()
         # Connections found dropped by the server (and replaced by fresh ones).
@@ -430,6 +438,9 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         with self._open_lock:
             self.database.close_all()  # type: ignore[attr-defined]
             self._opened = False
+            conn, self._nowait_conn = self._nowait_conn, None
+            if conn is not None:
+                conn.close()
 
     def __enter__(self) -> Self:
         self.open()
@@ -488,6 +499,30 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         model = self.models.run
         row = model.select().where(model.host_run_id == host_run_id).dicts().first()
         return self._row_to_run(row) if row else None
+
+    def find_run_by_request_nowait(
+        self, actor_id: str, session_id: str, workspace_id: str, request_id: str
+    ) -> Run | None:
+        """`find_run_by_request` on the calling thread (the event loop's), SQLite only: a point
+        read of the runs table's unique index on a connection of its own that never waits (busy
+        timeout 0; in WAL mode a read does not wait for writers anyway). Raises when it cannot
+        answer at once (the database is locked, PostgreSQL): the caller asks a worker instead."""
+        if self.path is None:
+            raise NotImplementedError("PostgreSQL answers over the network: not on the loop")
+        conn = self._nowait_conn
+        if conn is None:
+            # Autocommit: each read sees the latest commit (no snapshot kept between reads).
+            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA query_only = 1")
+            self._nowait_conn = conn
+        try:
+            # Run to its end: no read transaction stays open between look-ups.
+            rows = conn.execute(self._find_run_sql, (actor_id, session_id, workspace_id, request_id)).fetchall()
+        except sqlite3.Error:
+            self._nowait_conn = None
+            conn.close()
+            raise
+        return self._row_to_run(dict(zip(_RUN_FIELDS, rows[0], strict=True))) if rows else None
 
     @_reconnecting
     def find_run_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None:
