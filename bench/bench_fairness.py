@@ -10,9 +10,10 @@ One SSE client (its own process) reads the fast run. Alternating, in each round:
 - idle: the same probes with nothing running (the latency baselines: health, and a new run's
   time to first event, which is also issue point 2's figure: a client attaching at once);
 - alone: the fast run with no probes (the throughput baseline);
-- probed: the fast run while this process probes `GET /v1/health` and, every tenth probe, the time
-  to first event of a second run's client (`POST /v1/runs` then `GET .../stream`, and the one
-  round trip `POST /v1/runs` with `Accept: text/event-stream`).
+- probed: the fast run while this process probes `GET /v1/health` and, every tenth probe
+  (`--ttfe-every`), the time to first event of a second run's client (`POST /v1/runs` then
+  `GET .../stream`, and the one round trip `POST /v1/runs` with `Accept: text/event-stream`),
+  pausing `--pace-ms` (5) between probes.
 
 Beside each health probe, the same request to a bare asyncio responder in its own process (the
 floor): what the machine itself adds to a request while the fast run keeps its cores busy.
@@ -52,6 +53,7 @@ TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\nda
 ONE_CALL = True  # --no-one-call: a gateway without create-and-stream
 PROBE_KEYS = ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call")
 TTFE_EVERY = 10  # --ttfe-every: one time-to-first-event probe per this many probes
+PACE = 0.005  # --pace-ms: the pause between two probes
 MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
 
 
@@ -167,7 +169,7 @@ async def _probe(
             _sample(out, "floor", await _health(http, FLOOR[0]))
             _sample(out, "health", await _health(http, url))
             _sample(out, "live", await _health(http, url, "live"))
-        await asyncio.sleep(0.005)  # probe pacing
+        await asyncio.sleep(PACE)  # probe pacing
 
 
 async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: bool) -> dict[str, Any]:
@@ -271,6 +273,8 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
     report = {
         "deltas": deltas,
         "rounds": rounds,
+        "pace_ms": PACE * 1000,
+        "ttfe_every": TTFE_EVERY,
         "load": load(),
         "idle_health_ms": _summary(idle["health"]),
         "busy_health_ms": _summary(probed["health"]),
@@ -310,12 +314,14 @@ def main() -> None:
     parser.add_argument("--no-one-call", action="store_true", help="skip the create-and-stream probe")
     parser.add_argument("--ttfe-every", type=int, default=10, help="a time-to-first-event probe every N probes")
     parser.add_argument("--ttfe-burst", type=int, default=0, help="end with N back-to-back first-event probes")
+    parser.add_argument("--pace-ms", type=float, default=5.0, help="the pause between two probes, ms")
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ONE_CALL, TTFE_EVERY
+    global ONE_CALL, TTFE_EVERY, PACE
     ONE_CALL = not args.no_one_call
     TTFE_EVERY = max(args.ttfe_every, 1)
+    PACE = max(args.pace_ms, 0.0) / 1000
     if args.upstream:
         asyncio.run(_serve(_upstream_connection, "/v1"))
         return
