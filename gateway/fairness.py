@@ -27,7 +27,8 @@ PRIORITY_SECONDS = 0.005
 
 class WaitingRequests:
     """One loop's HTTP requests received and not yet answered, by connection, with the time each
-    arrived."""
+    arrived, oldest first (so dropping the ones that no longer count, and finding the newest,
+    take constant time: 10,000 clients reconnecting at once cost no more per request)."""
 
     def __init__(self) -> None:
         self._since: dict[object, float] = {}
@@ -47,21 +48,21 @@ class WaitingRequests:
             self._since[after] = arrived
 
     def answered(self, connection: object) -> None:
-        """The connection's response (or a stream's headers) is written, or it closed."""
+        """The connection's response (or a stream's first events) is written, or it closed."""
         if self._since.pop(connection, None) is not None:
             self.time_left()
 
     def time_left(self) -> float:
         """Seconds until no waiting request counts any more (0 if none does): one counts for
-        PRIORITY_SECONDS after it arrived. Older ones are dropped here."""
+        PRIORITY_SECONDS after it arrived. The ones that no longer count are dropped here."""
         since = self._since
         if since:
-            now = time.monotonic()
-            oldest_counted = now - PRIORITY_SECONDS
-            for connection in [c for c, arrived in since.items() if arrived < oldest_counted]:
-                del since[connection]
-            if since:
-                return max(since.values()) - oldest_counted
+            oldest_counted = time.monotonic() - PRIORITY_SECONDS
+            while since:
+                oldest = next(iter(since))
+                if since[oldest] >= oldest_counted:
+                    return next(reversed(since.values())) - oldest_counted  # the newest is last
+                del since[oldest]
         self._none_waiting.set()
         return 0.0
 

@@ -448,9 +448,11 @@ class Journal:
     def write_behind(self, fn: Callable[..., Any], *args: Any, record: bytes = b"") -> None:
         """Hand a storage write (a new run's row) to the journal without waiting for it: it is
         made on a worker before the next group commit, and before any later `write`, so a write
-        that follows it (the run's status) finds it stored. `record` (one line, no newline) goes
-        to the spool at once: at start-up after a kill, `recover_record` makes the write again
-        from it. Append an event right after: the write goes with the commit that stores it."""
+        that follows it (the run's status) finds it stored. `record` (`<kind> <json>`, one line)
+        goes to the spool at once: at start-up after a kill, the handler `record_handlers` holds
+        for its kind makes the write again from it. Append an event right after (without an
+        await between): it is spooled beside the record, and the commit that stores it makes the
+        write first."""
         self._behind.append(functools.partial(fn, *args))
         if record and self._segments:
             segment = self._segments[-1]  # no rotation here: the next event is spooled beside it
@@ -657,7 +659,10 @@ class Journal:
             data = json.loads(body)
         except ValueError:
             return  # a line cut short by the kill: its run's events were never spooled either
-        handler(data)
+        try:
+            handler(data)
+        except Exception:  # one bad record must not stop the start-up (nor its events' recovery)
+            log.exception("could not make a spooled %r record's write again (from %s)", kind[:40], path.name)
 
     def _drop_committed_segments(self) -> None:
         while len(self._segments) > 1 and self._segments[0].last_number <= self._committed:

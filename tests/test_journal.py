@@ -679,3 +679,38 @@ async def test_a_run_row_write_goes_between_two_group_commits(gated) -> None:
         await write
     assert order[-1] == "after the commit"
     assert seqs(store.inner.read_events("run_w")) == [1, 2]
+
+
+async def test_spooled_records_are_written_again_in_spool_order_and_a_bad_one_is_skipped(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    """A `write_behind` record in a dead gateway's spool goes to its kind's handler before the
+    events spooled after it; a record of an unknown kind, one cut short by the kill and one its
+    handler fails on are logged and skipped, and the events around them are still recovered."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    frames = [sse_frames([Event("run_r", seq, "message.delta", "gateway", {"text": f"t{seq}"})]) for seq in (1, 2, 3)]
+    (spool / "999999-dead-000001.spool").write_bytes(
+        frames[0]
+        + b'record: row {"id": "first"}\n'
+        + b'record: nobody {"id": "x"}\n'
+        + b'record: row {"id": "fails"}\n'
+        + frames[1]
+        + b'record: row {"id": "cut sho'
+        + b"\n"
+        + frames[2]
+    )
+    seen: list[tuple[str, int]] = []
+
+    def handle_row(data: dict[str, Any]) -> None:
+        if data["id"] == "fails":
+            raise ValueError("a record this version cannot read")
+        seen.append((data["id"], len(storage.read_events("run_r"))))
+
+    journal = Journal(storage, Bus(), spool)
+    journal.record_handlers["row"] = handle_row
+    await journal.start()
+    await journal.close()
+    assert seen == [("first", 1)]  # after the event spooled before it, before the ones after
+    assert seqs(storage.read_events("run_r")) == [1, 2, 3]
+    assert not (spool / "999999-dead-000001.spool").exists()
