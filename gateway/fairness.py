@@ -7,11 +7,12 @@ request needs a few iterations before its handler runs (the socket read, the con
 the handler's task) and each worker trip it makes (a storage read) costs more of them, so it
 waits a few slices for each. Here the gateway's HTTP server marks a request as waiting from its
 connection's accept (or its first bytes, on a kept-alive connection) until its response (or a
-stream's first events) is written, and `yield_slice` (which
-runtimes call between slices) pauses while one that arrived in the last `PRIORITY_SECONDS` waits:
-the loop then turns in microseconds, and a worker thread gets the GIL without waiting for it.
-A request that takes longer stops counting after `PRIORITY_SECONDS`, so a slow handler (a large
-page, a knowledge query) costs the runs at most that.
+stream's first events) is written, and `yield_slice` (which runtimes call between slices)
+pauses while one that arrived in the last `PRIORITY_SECONDS` waits: the loop then turns in
+microseconds, and a worker thread gets the GIL without waiting for it. A request that takes
+longer stops counting after `PRIORITY_SECONDS`, so a slow handler (a large page, a knowledge
+query) costs the runs at most that; and pauses never take more than `PAUSE_SHARE` of the runs'
+time, however many requests arrive.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import weakref
 
 # How long one request holds back the runtimes' slices, at most.
 PRIORITY_SECONDS = 0.005
+# Pauses take at most this share of the runtimes' time, however many requests arrive (a client
+# opening connection after connection and sending nothing would otherwise hold them back for good):
+# pause time is earned at PAUSE_SHARE seconds a second, up to PAUSE_BUDGET_SECONDS banked.
+PAUSE_SHARE = 0.5
+PAUSE_BUDGET_SECONDS = 0.02
 
 
 class WaitingRequests:
@@ -34,6 +40,18 @@ class WaitingRequests:
         self._since: dict[object, float] = {}
         self._none_waiting = asyncio.Event()  # set while no request counts
         self._none_waiting.set()
+        self._budget = PAUSE_BUDGET_SECONDS  # pause time the runtimes may still take
+        self._budget_at = time.monotonic()
+
+    def pause_budget(self) -> float:
+        """Seconds of pause the runtimes may take now (see PAUSE_SHARE)."""
+        now = time.monotonic()
+        self._budget = min(PAUSE_BUDGET_SECONDS, self._budget + (now - self._budget_at) * PAUSE_SHARE)
+        self._budget_at = now
+        return self._budget
+
+    def paused(self, seconds: float) -> None:
+        self._budget -= seconds
 
     def arrived(self, connection: object) -> None:
         """A connection was accepted, or its request began to arrive (its first bytes)."""
@@ -88,12 +106,16 @@ def waiting_requests() -> WaitingRequests:
 async def yield_slice() -> None:
     """End a slice of a runtime's work (parsing a buffered upstream, reading an agent's output):
     one loop turn, then, while requests that just arrived wait for their answer, a pause until
-    they are answered (at most PRIORITY_SECONDS). Call it every few hundred microseconds of work
-    that would not otherwise suspend."""
+    they are answered (at most PRIORITY_SECONDS, and within the pause budget). Call it every few
+    hundred microseconds of work that would not otherwise suspend."""
     await asyncio.sleep(0)
     requests = waiting_requests()
     wait = requests.time_left()
     if wait > 0:
+        wait = min(wait, requests.pause_budget())
+    if wait > 0:
+        started = time.monotonic()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait):
                 await requests.none_waiting()
+        requests.paused(time.monotonic() - started)

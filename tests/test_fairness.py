@@ -252,6 +252,7 @@ async def test_yield_slice_waits_while_a_request_that_just_arrived_is_unanswered
 
 async def test_a_request_holds_slices_back_for_priority_seconds_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fairness, "PRIORITY_SECONDS", 0.05)
+    monkeypatch.setattr(fairness, "PAUSE_BUDGET_SECONDS", 1.0)  # (the budget is the next test's)
     requests = fairness.waiting_requests()
     slow = object()
     requests.arrived(slow)  # never answered (a slow handler, a client that sent half a request)
@@ -335,3 +336,19 @@ async def test_requests_to_the_gateway_server_are_answered_between_two_slices_of
         assert kept_alive[10] <= 3 and new_connection[10] <= 4, during
     else:  # (measured here: 5 and 9)
         assert kept_alive[10] >= 5 and new_connection[10] >= 7, during
+
+
+async def test_pauses_take_at_most_their_share_however_many_requests_arrive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flood of requests that are never answered (connections that send nothing) pauses the
+    runtimes only while pause time is left: it is earned at PAUSE_SHARE of the time gone by, up
+    to PAUSE_BUDGET_SECONDS, so over a flood pauses and work take turns (half and half)."""
+    monkeypatch.setattr(fairness, "PRIORITY_SECONDS", 60.0)  # every request counts all test long
+    requests = fairness.waiting_requests()
+    requests.arrived(object())
+    assert requests.pause_budget() == pytest.approx(fairness.PAUSE_BUDGET_SECONDS)
+    await asyncio.wait_for(fairness.yield_slice(), WAIT)  # pauses for the whole budget...
+    assert requests.pause_budget() < 0.6 * fairness.PAUSE_BUDGET_SECONDS  # ...having earned half back
+    for _ in range(20):  # each pause spends what the one before earned: it shrinks to nothing
+        await asyncio.wait_for(fairness.yield_slice(), WAIT)
+    assert requests.pause_budget() < fairness.PAUSE_BUDGET_SECONDS / 4
+    assert len(requests) == 1  # the request still counts; the runtime goes on anyway
