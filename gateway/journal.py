@@ -125,6 +125,13 @@ class _SpoolSegment:
         self.size = 0
         self.last_number = 0
 
+    def write(self, data: bytes) -> None:
+        """Append `data` (a partial write is finished, not split into another call's data)."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+        self.size += len(data)
+
     def close(self, remove: bool) -> None:
         os.close(self.fd)
         if remove:
@@ -455,12 +462,8 @@ class Journal:
         write first."""
         self._behind.append(functools.partial(fn, *args))
         if record and self._segments:
-            segment = self._segments[-1]  # no rotation here: the next event is spooled beside it
-            line = SPOOL_RECORD + record + b"\n"
-            view = memoryview(line)
-            while view:
-                view = view[os.write(segment.fd, view) :]
-            segment.size += len(line)
+            # No rotation here: the next event is spooled beside it.
+            self._segments[-1].write(SPOOL_RECORD + record + b"\n")
         if not self._queue_ready.is_set():
             self._queue_ready.set()
 
@@ -640,11 +643,7 @@ class Journal:
     def _spool(self, blob: bytes) -> None:
         """Append SSE frames (`data:` holds the wire JSON) with one `write()`."""
         segment = self._segments[-1]
-        view = memoryview(blob)
-        while view:
-            written = os.write(segment.fd, view)
-            view = view[written:]
-        segment.size += len(blob)
+        segment.write(blob)
         segment.last_number = self._appended
         if segment.size >= SPOOL_SEGMENT_BYTES:
             self._open_segment()

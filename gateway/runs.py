@@ -170,7 +170,7 @@ class RunManager:
         self.max_active_per_actor = max_active_per_actor
         self.workspace_access = workspace_access or WorkspaceAccess()
         self._active: dict[str, ActiveRun] = {}
-        # Runs admitted but not yet in `_active` (their row is being stored), by (actor, session).
+        # Runs admitted but not yet in `_active` (their request key is being looked up), by (actor, session).
         self._admitting: Counter[tuple[str, str]] = Counter()
         self._session_locks: KeyedLocks[tuple[str, str]] = KeyedLocks()  # one run of a session at a time
         self._creating: KeyedLocks[tuple[str, ...]] = KeyedLocks()  # one creation per request key
