@@ -26,6 +26,8 @@ streaming figures only those that ended inside that span.
 Each round also times a bare reader taking the same answer straight from the upstream (one raw
 socket, no parsing): the fixture's own rate, printed beside the gateway's, which must stay well
 below it for the ratio to measure the gateway.
+This process collects its own garbage only between phases (a full collection here took up to
+13 ms, which a probe it landed in would have counted as the gateway's).
 Prints one JSON line per scenario and the p50/p99 figures as same-run ratios.
 """
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -246,11 +249,16 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
     streaming: dict[str, list[float]] = {key: [] for key in PROBE_KEYS}  # between first and last delta
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
         await _fast_run(http, url, 200, probe=False)  # warm up
+        gc.disable()  # collected between phases (`gc.collect()` below), never inside a probe
+        gc.freeze()
         for _ in range(rounds):
             await _probe(http, url, idle, None, 60)  # nothing else running: the baselines
+            gc.collect()
             upstream_rates.append(await _upstream_rate(upstream, deltas))
             alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
+            gc.collect()
             result = await _fast_run(http, url, deltas, probe=True)
+            gc.collect()
             for key in PROBE_KEYS:
                 probed[key] += result[key]
                 streaming[key] += result["streaming"][key]
