@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "SessionStrategy": "agent_gateway.sessions",
     "TranscriptStrategy": "agent_gateway.sessions",
     "yield_slice": "agent_gateway.fairness",
+    "WorkSlices": "agent_gateway.fairness",
     # the generic ACP runtime
     "AcpAgentSpec": "agent_gateway.acp.runtime",
     "AcpRuntime": "agent_gateway.acp.runtime",
@@ -88,6 +89,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "SessionStrategy",
     "TranscriptStrategy",
     "yield_slice",
+    "WorkSlices",
     "AcpAgentSpec",
     "AcpRuntime",
     "AcpSessionStrategy",
@@ -134,6 +136,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.config import Config
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, read_json
+    from agent_gateway.fairness import WorkSlices, yield_slice
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl
     from agent_gateway.models import Event, Run, now_ms
     from agent_gateway.paths import (

@@ -7,7 +7,9 @@ request needs a few iterations before its handler runs (the socket read, the con
 the handler's task) and each worker trip it makes (a storage read) costs more of them, so it
 waits a few slices for each. Here the gateway's HTTP server marks a request as waiting from its
 connection's accept (or its first bytes, on a kept-alive connection) until its response (or a
-stream's first events) is written, and `yield_slice` (which runtimes call between slices)
+stream's first events) is written. A runtime's slice (`WorkSlices`) ends early once a request's
+bytes reach the gateway's sockets (an edge-triggered epoll set of its own, polled without
+waiting), and `yield_slice` (which runtimes call between slices)
 pauses while one that arrived in the last `PRIORITY_SECONDS` waits: the loop then turns in
 microseconds, and a worker thread gets the GIL without waiting for it. A request that takes
 longer stops counting after `PRIORITY_SECONDS`, so a slow handler (a large page, a knowledge
@@ -19,9 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import select
 import time
 import weakref
 
+# A slice (`WorkSlices`) asks whether a request arrived every this many steps: one syscall, about a
+# microsecond, against several of parsing per step.
+ARRIVAL_CHECK_STEPS = 16
 # How long one request holds back the runtimes' slices, at most.
 PRIORITY_SECONDS = 0.005
 # Pauses take at most this share of the runtimes' time, however many requests arrive (a client
@@ -42,6 +48,29 @@ class WaitingRequests:
         self._none_waiting.set()
         self._budget = PAUSE_BUDGET_SECONDS  # pause time the runtimes may still take
         self._budget_at = time.monotonic()
+        self._arrivals: select.epoll | None = None  # the sockets `arriving` looks at (Linux)
+
+    def watch(self, fd: int) -> None:
+        """Let `arriving` see new bytes on `fd`: a listening socket (a new connection) or a
+        connection that may carry another request."""
+        if self._arrivals is None:
+            if not hasattr(select, "epoll"):
+                return  # not Linux: slices end by their time and step count only
+            self._arrivals = select.epoll()
+        with contextlib.suppress(OSError):  # (already watched)
+            self._arrivals.register(fd, select.EPOLLIN | select.EPOLLET)
+
+    def unwatch(self, fd: int) -> None:
+        """Stop watching `fd` (before it closes: a closed descriptor's number is soon reused)."""
+        if self._arrivals is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._arrivals.unregister(fd)
+
+    def arriving(self) -> bool:
+        """True if a watched socket received bytes (a request's first ones, a new connection)
+        since anyone last asked: one non-blocking `epoll_wait` on edges, so a runtime can ask
+        every few steps of a slice and end it at once, instead of after its time is up."""
+        return self._arrivals is not None and bool(self._arrivals.poll(0, 1))
 
     def pause_budget(self) -> float:
         """Seconds of pause the runtimes may take now (see PAUSE_SHARE)."""
@@ -119,3 +148,37 @@ async def yield_slice() -> None:
             async with asyncio.timeout(wait):
                 await requests.none_waiting()
         requests.paused(time.monotonic() - started)
+
+
+class WorkSlices:
+    """Cuts a runtime's work that does not suspend on its own (parsing an upstream's buffered
+    response, an agent's output) into slices, with `yield_slice` between them. A slice ends after
+    `seconds` or `steps` steps, or early when a request arrives at the gateway (asked every
+    ARRIVAL_CHECK_STEPS steps): the loop then reads it now rather than after the slice.
+
+        slices = WorkSlices()
+        async for line in response.content:
+            if slices.over():  # counts one step
+                await slices.next()
+            ...
+    """
+
+    __slots__ = ("_arriving", "_ends", "_seconds", "_steps", "_steps_left")
+
+    def __init__(self, seconds: float = 0.0005, steps: int = 256) -> None:
+        self._seconds = seconds
+        self._steps = steps
+        self._arriving = waiting_requests().arriving
+        self._ends = time.perf_counter() + seconds
+        self._steps_left = steps
+
+    def over(self) -> bool:
+        """Count one step; True when this slice is over (then `await next()`)."""
+        left = self._steps_left = self._steps_left - 1
+        return left <= 0 or time.perf_counter() >= self._ends or (not left % ARRIVAL_CHECK_STEPS and self._arriving())
+
+    async def next(self) -> None:
+        """Yield to the loop (`yield_slice`), then start the next slice."""
+        await yield_slice()
+        self._ends = time.perf_counter() + self._seconds
+        self._steps_left = self._steps

@@ -72,6 +72,7 @@ class JsonErrorRequestHandler(RequestHandler):
     _limits = ConnectionLimits()
     _header_deadline: asyncio.TimerHandle | None = None
     _over_capacity = False
+    _watched_fd: int | None = None
     # Called when the client disconnects: a stream sets it to end at once, instead of at its next
     # heartbeat (so its connection stops counting against max_connections).
     on_connection_lost: Callable[[], None] | None = None
@@ -83,6 +84,8 @@ class JsonErrorRequestHandler(RequestHandler):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             waiting_requests().moved(sock.fileno(), self)
+            self._watched_fd = sock.fileno()  # its next request ends a runtime's slice at once
+            waiting_requests().watch(self._watched_fd)
         if open_before >= self._limits.max_connections:
             # Read the request (so the client sees the answer, not a reset), answer 503, close.
             self._over_capacity = True
@@ -107,6 +110,9 @@ class JsonErrorRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         waiting_requests().answered(self)
+        if self._watched_fd is not None:
+            waiting_requests().unwatch(self._watched_fd)
+            self._watched_fd = None
         self._cancel_header_deadline()
         super().connection_lost(exc)
         callback, self.on_connection_lost = self.on_connection_lost, None
@@ -379,6 +385,8 @@ class GuardedTCPSite(web.BaseSite):
         self._sockets = _listening_sockets(self._host, self._port, self._backlog)
         self._server = _Listening(self._sockets, self._close_sockets)  # type: ignore[assignment]
         self._accepting = [asyncio.create_task(self._accept_loop(sock)) for sock in self._sockets]
+        for sock in self._sockets:
+            waiting_requests().watch(sock.fileno())  # a new connection ends a runtime's slice at once
 
     async def stop(self) -> None:
         for task in self._accepting:

@@ -8,6 +8,8 @@
 - Readiness during a busy run asks storage nothing while the journal commits (its commits vouch
   for it), and pings again once a commit failed.
 - A reader of a run whose events all wait for storage gets them without a storage read.
+- A runtime's slice (`WorkSlices`) ends within a few steps of a request reaching the gateway's
+  sockets (a new connection, a kept-alive connection's next request), not when its time is up.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import select
+import socket
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -352,3 +356,85 @@ async def test_pauses_take_at_most_their_share_however_many_requests_arrive(monk
         await asyncio.wait_for(fairness.yield_slice(), WAIT)
     assert requests.pause_budget() < fairness.PAUSE_BUDGET_SECONDS / 4
     assert len(requests) == 1  # the request still counts; the runtime goes on anyway
+
+
+def _steps_until_over(slices: fairness.WorkSlices, limit: int = 4 * fairness.ARRIVAL_CHECK_STEPS) -> int | None:
+    """How many steps the slice takes to end (None: not within `limit`)."""
+    for step in range(1, limit + 1):
+        if slices.over():
+            return step
+    return None
+
+
+async def test_a_slice_ends_within_a_few_steps_of_a_request_reaching_the_gateway() -> None:
+    """A slice with time and steps to spare (a minute, a billion steps) ends within
+    ARRIVAL_CHECK_STEPS steps of a new connection and of the next request on a kept-alive one,
+    and not while nothing arrives: the loop reads the request now, not a slice later."""
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/ping", ping)
+    runner = GatewayRunner(app)
+    await runner.setup()
+    site = GuardedTCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = int(site.name.rsplit(":", 1)[1])
+    slices = fairness.WorkSlices(seconds=60.0, steps=1_000_000_000)
+    client = socket.create_connection(("127.0.0.1", port), timeout=WAIT)  # (loopback: done before the accept)
+    try:
+        assert select.select(site._sockets, [], [], WAIT)[0]  # the kernel has it (a level check)
+        steps = _steps_until_over(slices)  # the new connection
+        assert steps is not None and steps <= fairness.ARRIVAL_CHECK_STEPS
+        await slices.next()
+        assert runner.server is not None
+        for _ in range(1000):  # loop turns until the connection is accepted (bounded)
+            if runner.server.connections:
+                break
+            await asyncio.sleep(0)
+        assert runner.server.connections
+        (connection,) = runner.server.connections
+        assert connection.transport is not None
+        server_side = connection.transport.get_extra_info("socket")
+        while _steps_until_over(slices) is not None:  # (edges left from the accept, if any)
+            await slices.next()
+        assert _steps_until_over(slices) is None  # nothing arrives: the slice goes on
+        for _ in range(2):  # two requests on the kept-alive connection
+            client.sendall(b"GET /ping HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            assert select.select([server_side], [], [], WAIT)[0]
+            steps = _steps_until_over(slices)
+            assert steps is not None and steps <= fairness.ARRIVAL_CHECK_STEPS
+            await slices.next()
+            answer = await asyncio.to_thread(client.recv, 65536)
+            assert answer.startswith(b"HTTP/1.1 200")
+            assert _steps_until_over(slices) is None
+    finally:
+        client.close()
+        await runner.cleanup()
+
+
+async def test_arrivals_are_watched_until_unwatched_and_never_where_epoll_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    requests = fairness.WaitingRequests()
+    ours, peer = socket.socketpair()
+    try:
+        requests.watch(ours.fileno())
+        requests.watch(ours.fileno())  # twice: still one watch
+        assert not requests.arriving()
+        peer.send(b"x")
+        assert requests.arriving()
+        assert not requests.arriving()  # one edge, seen once
+        requests.unwatch(ours.fileno())
+        requests.unwatch(ours.fileno())  # twice: no error
+        peer.send(b"y")
+        assert not requests.arriving()
+        monkeypatch.delattr(select, "epoll")
+        elsewhere = fairness.WaitingRequests()
+        elsewhere.watch(ours.fileno())
+        peer.send(b"z")
+        assert not elsewhere.arriving()
+    finally:
+        ours.close()
+        peer.close()

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
 
-from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome, yield_slice
+from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome, WorkSlices
 
 # A slice of parsing and emitting ends after this long or this many upstream lines, whichever
-# comes first; the stream then yields to the loop once.
+# comes first (or once a request arrives); the stream then yields to the loop.
 SLICE_SECONDS = 0.0005
 SLICE_LINES = 256
 
@@ -127,20 +126,15 @@ class ChatOnlyRuntime:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         parts: list[str] = []
         emit, emit_nowait = turn.emit, turn.emit_nowait
-        clock = time.perf_counter
         # An upstream that writes faster than we parse leaves the whole response buffered, and
         # reading a buffered line never suspends: yield to the loop after each slice of work.
-        slice_ends = clock() + SLICE_SECONDS
-        lines_left = SLICE_LINES
+        slices = WorkSlices(SLICE_SECONDS, SLICE_LINES)
         async with self._http().post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
             if response.status >= 400:
                 raise UpstreamError(f"upstream answered {response.status}: {await _error_message(response)}")
             async for raw in response.content:
-                lines_left -= 1
-                if not lines_left or clock() >= slice_ends:
-                    await yield_slice()  # a slice used up: let other runs and requests in
-                    slice_ends = clock() + SLICE_SECONDS
-                    lines_left = SLICE_LINES
+                if slices.over():
+                    await slices.next()  # let other runs and requests in
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:"):
                     continue
