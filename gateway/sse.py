@@ -326,10 +326,19 @@ class RunStream:
 
     async def open(self) -> None:
         """Send the response headers and a comment now: aiohttp holds headers back until the first
-        write, which on an idle stream is the first heartbeat."""
+        write, which on an idle stream is the first heartbeat. The events the journal's tail
+        already holds go in the same write (a new run's `run.created`): the first event leaves
+        with the headers, not a loop turn later."""
         assert self._response is not None
+        first = self._first_frames()
         async with asyncio.timeout(self._send_timeout):
-            await self._response.write(OPENING_COMMENT + self._prelude)
+            await self._response.write(OPENING_COMMENT + self._prelude + (first.frames if first else b""))
+        if first is not None:
+            self._stats.delivered += first.count
+            self._last = first.last_seq
+            self._replaying = first.count >= REPLAY_FIRST_PAGE or not first.caught_up
+            if self._unanswered is not None:
+                self._answered()
         self._sent = True
 
     def beat(self) -> None:
@@ -539,6 +548,18 @@ class RunStream:
         if self._sent and self._can_write_directly:  # (headers are out: aiohttp sends them with the first write)
             self._subscriber.write_directly = self._write_directly
         return True
+
+    def _first_frames(self) -> TailFrames | None:
+        """The frames of the events after the client's cursor that the run's tail in memory holds
+        (a first page, read in the step that subscribed, so none falls between); None when the
+        tail does not hold them, for a projected or encoded stream, or when they end the run
+        (the stream's pump sends those and ends)."""
+        if self._project is not None or self._encode is not None:
+            return None
+        frames = self._journal.read_frames(self._topic, self._last, REPLAY_FIRST_PAGE)
+        if frames is None or frames.terminal or not frames.count:
+            return None
+        return frames
 
     def _answered(self) -> None:
         """The first events are out: the request no longer waits for its answer."""

@@ -5,6 +5,8 @@ with the new run's SSE stream, in one round trip.
   and Location in the headers, 201.
 - A repeat with the same requestId streams the same run (200), from the start or after its
   `Last-Event-ID`.
+- The first event leaves in the write that carries the response headers: a raw client's first
+  read holds both.
 - An Accept naming JSON too, or `?stream=0`, keeps the JSON receipt; a bad `stream` value or
   `Last-Event-ID` is a 400 and creates nothing; a refused body is the usual JSON error.
 """
@@ -12,8 +14,10 @@ with the new run's SSE stream, in one round trip.
 from __future__ import annotations
 
 import asyncio
+from asyncio.selector_events import _SelectorSocketTransport
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 from conftest import WAIT, MakeGateway, gateway_of, run_body, sse_events
 
@@ -99,3 +103,27 @@ async def test_json_stays_the_default_and_bad_stream_requests_create_nothing(mak
     assert unknown.status == 400 and unknown.content_type == "application/json"
     assert (await unknown.json())["error"]["code"] == "unknown_agent"
     assert gw.runs.created == created
+
+
+async def test_the_first_event_leaves_with_the_opening_write(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run.created` goes out in the stream's opening write, right after the headers in the same
+    step, not a loop turn later (a turn that a busy runtime's slice makes a millisecond long)."""
+    written: dict[int, list[bytes]] = {}
+    write = _SelectorSocketTransport.write
+
+    def recording_write(transport: _SelectorSocketTransport, data: Any) -> None:
+        written.setdefault(id(transport), []).append(bytes(data))
+        write(transport, data)
+
+    fake_llm.add(Reply("hello"))
+    client = await make_gateway()
+    monkeypatch.setattr(_SelectorSocketTransport, "write", recording_write)
+    status, _, events = await create_and_stream(client, run_body("go"), SSE)
+    assert status == 201 and events[0]["event"] == "run.created"
+    (stream,) = [writes for writes in written.values() if writes[0].startswith(b"HTTP/1.1 201")]
+    headers_and_opening = b"".join(stream[:2])
+    _, _, body = headers_and_opening.partition(b"\r\n\r\n")
+    assert body.count(b"\r\n") == 2  # one chunk: the opening comment and the first event
+    assert b"\nid: 000000000000000001\nevent: run.created\n" in body, stream[:3]
