@@ -20,7 +20,9 @@ floor): what the machine itself adds to a request while the fast run keeps its c
 `--ttfe-burst N` ends with N time-to-first-event probes back to back (5 ms apart) with nothing
 else running, alternating the two kinds: each overlaps the previous run's end.
 
-Throughput is the fast run's deltas over the span between its first and last delta's `createdAt`.
+Throughput is the fast run's deltas over the span between its first and last delta's `createdAt`,
+against two baselines: the alone runs, and (the same run's) its rate in the milliseconds no probe
+touched, from a probe's start to QUIET_GUARD_MS after its end.
 The busy figures hold every probe taken until the fast run's client has read it all; the
 streaming figures only those that ended inside that span.
 Each round also times a bare reader taking the same answer straight from the upstream (one raw
@@ -164,6 +166,7 @@ async def _probe(
     for index in range(probes):
         if done is not None and done.is_set():
             return
+        began = time.time()
         if index % TTFE_EVERY == TTFE_EVERY - 1:
             _sample(out, "ttfe_two_calls", await _first_event(http, url, one_call=False))
             if ONE_CALL:
@@ -172,6 +175,7 @@ async def _probe(
             _sample(out, "floor", await _health(http, FLOOR[0]))
             _sample(out, "health", await _health(http, url))
             _sample(out, "live", await _health(http, url, "live"))
+        out.setdefault("busy_spans", []).append((began, time.time()))
         await asyncio.sleep(PACE)  # probe pacing
 
 
@@ -186,21 +190,42 @@ async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: b
     done.set()
     if prober is not None:
         await prober
-    first = last = None
+    created: list[int] = []  # each delta's createdAt (ms)
     after = 0
     while True:  # the delta span from the journal's timestamps
         async with http.get(f"{url}/v1/runs/{run_id}/events?afterSeq={after}&limit=5000") as page:
             body = await page.json()
-        for event in body["events"]:
-            if event["kind"] == "message.delta":
-                first = first or event["createdAt"]
-                last = event["createdAt"]
+        created += [event["createdAt"] for event in body["events"] if event["kind"] == "message.delta"]
         if not body["events"]:
             break
         after = int(body["nextCursor"])
-    span = max((last or 0) - (first or 0), 1) / 1000
-    streaming = _while_streaming(out, first or 0, last or 0)
-    return {"events": result["events"], "rate": deltas / span, **out, "streaming": streaming}
+    first, last = (created[0], created[-1]) if created else (0, 0)
+    span = max(last - first, 1) / 1000
+    streaming = _while_streaming(out, first, last)
+    quiet = _quiet_rate(created, out.get("busy_spans", [])) if probe else None
+    return {"events": result["events"], "rate": deltas / span, "quiet_rate": quiet, **out, "streaming": streaming}
+
+
+# A probe's own work in the gateway goes on after its client has its answer (a new run's upstream
+# call, its last events, storage): milliseconds after a probe that do not count as quiet.
+QUIET_GUARD_MS = 20
+
+
+def _quiet_rate(created: list[int], busy_spans: list[tuple[float, float]]) -> float | None:
+    """The fast run's deltas per second in the milliseconds of its span that no probe touched
+    (from a probe's start to QUIET_GUARD_MS after its end): its rate in the same run, on the
+    same machine a moment apart, without the probes. None if no such millisecond had deltas."""
+    if not created:
+        return None
+    first, last = created[0], created[-1]
+    busy: set[int] = set()
+    for start, end in busy_spans:
+        busy.update(range(int(start * 1000), int(end * 1000) + QUIET_GUARD_MS + 1))
+    quiet_ms = [ms for ms in range(first, last + 1) if ms not in busy]
+    quiet_deltas = sum(1 for ms in created if ms not in busy)
+    if not quiet_ms or not quiet_deltas:
+        return None
+    return quiet_deltas * 1000 / len(quiet_ms)
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
@@ -242,6 +267,8 @@ async def _burst(http: aiohttp.ClientSession, url: str, probes: int) -> dict[str
 async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) -> None:
     idle: dict[str, list[float]] = {"health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     alone: list[float] = []
+    quiet_rates: list[float] = []  # the probed run's rate in its quiet milliseconds
+    quiet_ratios: list[float] = []  # the probed run's rate over that, run by run
     upstream_rates: list[float] = []
     probed: dict[str, list[float]] = {
         "health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []
@@ -263,9 +290,13 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
                 probed[key] += result[key]
                 streaming[key] += result["streaming"][key]
             probed["rate"].append(result["rate"])
+            if result["quiet_rate"]:
+                quiet_rates.append(result["quiet_rate"])
+                quiet_ratios.append(result["rate"] / result["quiet_rate"])
             rates = {"upstream_rate": round(upstream_rates[-1]), "alone_rate": round(alone[-1])}
             print(json.dumps({"round": _, **rates, "probed": {
                 "rate": round(result["rate"]),
+                "quiet_rate": round(result["quiet_rate"] or 0),
                 "health": _summary(result["health"]),
                 "floor": _summary(result["floor"]),
                 "live": _summary(result["live"]),
@@ -309,6 +340,11 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
         "fast_run_alone_over_upstream": round(alone_rate / upstream_rate, 3),
         "fast_run_rate_probed": round(probed_rate),
         "probed_over_alone_rate": round(probed_rate / alone_rate, 3),
+        # The same-run baseline: each probed run's rate over its own rate in the milliseconds no
+        # probe touched (median of the runs). Machine drift between two runs does not enter it.
+        "fast_run_quiet_rate": round(sorted(quiet_rates)[len(quiet_rates) // 2]) if quiet_rates else None,
+        "probed_over_quiet_rate": round(sorted(quiet_ratios)[len(quiet_ratios) // 2], 3) if quiet_ratios else None,
+        "quiet_guard_ms": QUIET_GUARD_MS,
     }
     report["loop_lag_buckets"] = [line.split("le=")[1] for line in metrics if "loop_lag_seconds_bucket" in line]
     print(json.dumps(report, indent=1))
