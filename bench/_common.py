@@ -122,14 +122,25 @@ def gateway(storage_url: str = "") -> Iterator[Gateway]:
 class Clients:
     """SSE clients in `processes` separate processes, the streams dealt round-robin."""
 
-    def __init__(self, url: str, streams: list[dict[str, Any]], processes: int = 1, **spec: Any) -> None:
-        self.procs = []
-        self.stderr_files: list[Any] = []
+    def __init__(
+        self, url: str, streams: list[dict[str, Any]], processes: int = 1, warm: Clients | None = None, **spec: Any
+    ) -> None:
+        """`warm`: processes started ahead by `Clients.warm` (their count is `processes`), given
+        their streams now: their interpreters' start-up is done, and its CPU does not land in
+        the run they measure."""
+        self.procs = warm.procs if warm is not None else []
+        self.stderr_files: list[Any] = warm.stderr_files if warm is not None else []
         for i in range(processes):
             mine = streams[i::processes]
+            payload = json.dumps({"url": url, "streams": mine, **spec})
+            if warm is not None:
+                stdin = self.procs[i].stdin
+                assert stdin is not None
+                stdin.write(payload + "\n")
+                stdin.close()
+                continue
             if not mine:
                 continue
-            payload = json.dumps({"url": url, "streams": mine, **spec})
             self.procs.append(
                 subprocess.Popen(
                     [sys.executable, str(HERE / "_sse_client.py"), payload],
@@ -140,10 +151,33 @@ class Clients:
                     env=ENV,
                 )
             )
-        for proc in self.procs:  # every connection has its response headers
+        self._expect("ready")  # every connection has its response headers
+
+    @classmethod
+    def warm(cls, processes: int = 1) -> Clients:
+        """Client processes started and waiting for their streams (`Clients(..., warm=...)`)."""
+        clients = cls.__new__(cls)
+        clients.stderr_files = []
+        clients.procs = [
+            subprocess.Popen(
+                [sys.executable, str(HERE / "_sse_client.py"), "-"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=clients._stderr(),
+                text=True,
+                cwd=ROOT,
+                env=ENV,
+            )
+            for _ in range(processes)
+        ]
+        clients._expect("waiting")
+        return clients
+
+    def _expect(self, word: str) -> None:
+        for proc in self.procs:
             assert proc.stdout is not None
             line = proc.stdout.readline().strip()
-            if line != "ready":
+            if line != word:
                 proc.kill()
                 proc.wait()
                 raise RuntimeError(f"client process failed: {line!r} {self._errors()}")

@@ -1,6 +1,7 @@
 """Cheap SSE clients for the benchmarks, run in their own process (so they are not the bottleneck).
 
     python bench/_sse_client.py '<json spec>'
+    python bench/_sse_client.py -    (prints `waiting`, then reads the spec as one line on stdin)
 
 The spec: {"url", "streams": [{"run": id, "after": "000…"|null}, …], "mode": "count"|"latency"|"text",
 "rcvbuf": bytes|null, "slow_rate": events/s|null, "slow_until_file": path|null}.
@@ -271,4 +272,8 @@ async def main(spec: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(json.loads(sys.argv[1])))
+    if sys.argv[1] == "-":  # started ahead: the spec comes when the run it measures does
+        print("waiting", flush=True)
+        asyncio.run(main(json.loads(sys.stdin.readline())))
+    else:
+        asyncio.run(main(json.loads(sys.argv[1])))
