@@ -126,12 +126,12 @@ class ChatOnlyRuntime:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         parts: list[str] = []
         emit, emit_nowait = turn.emit, turn.emit_nowait
-        # An upstream that writes faster than we parse leaves the whole response buffered, and
-        # reading a buffered line never suspends: yield to the loop after each slice of work.
-        slices = WorkSlices(SLICE_SECONDS, SLICE_LINES)
         async with self._http().post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
             if response.status >= 400:
                 raise UpstreamError(f"upstream answered {response.status}: {await _error_message(response)}")
+            # An upstream that writes faster than we parse leaves the whole response buffered, and
+            # reading a buffered line never suspends: yield to the loop after each slice of work.
+            slices = WorkSlices(SLICE_SECONDS, SLICE_LINES)
             async for raw in response.content:
                 if slices.over():
                     await slices.next()  # let other runs and requests in
