@@ -279,6 +279,21 @@ async def test_an_accepted_connection_counts_from_its_accept() -> None:
     assert requests.time_left() == 0.0
 
 
+async def _ping_server() -> tuple[GatewayRunner, GuardedTCPSite]:
+    """The gateway's own HTTP server (`GatewayRunner`, `GuardedTCPSite`) answering `GET /ping`."""
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/ping", ping)
+    runner = GatewayRunner(app)
+    await runner.setup()
+    site = GuardedTCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site
+
+
 @pytest.mark.parametrize("priority", [True, False], ids=["priority", "no-priority"])
 async def test_requests_to_the_gateway_server_are_answered_between_two_slices_of_a_busy_runtime(
     priority: bool, monkeypatch: pytest.MonkeyPatch
@@ -305,15 +320,7 @@ async def test_requests_to_the_gateway_server_are_answered_between_two_slices_of
             slices += 1
             await fairness.yield_slice()
 
-    async def ping(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_get("/ping", ping)
-    runner = GatewayRunner(app)
-    await runner.setup()
-    site = GuardedTCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, site = await _ping_server()
     busy = asyncio.create_task(runtime())
     during: list[int] = []
     try:
@@ -371,15 +378,7 @@ async def test_a_slice_ends_within_a_few_steps_of_a_request_reaching_the_gateway
     ARRIVAL_CHECK_STEPS steps of a new connection and of the next request on a kept-alive one,
     and not while nothing arrives: the loop reads the request now, not a slice later."""
 
-    async def ping(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_get("/ping", ping)
-    runner = GatewayRunner(app)
-    await runner.setup()
-    site = GuardedTCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner, site = await _ping_server()
     port = int(site.name.rsplit(":", 1)[1])
     slices = fairness.WorkSlices(seconds=60.0, steps=1_000_000_000)
     client = socket.create_connection(("127.0.0.1", port), timeout=WAIT)  # (loopback: done before the accept)
