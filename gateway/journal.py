@@ -443,6 +443,11 @@ class Journal:
         call = functools.partial(self._locked_write, functools.partial(fn, *args, **kwargs))
         return await asyncio.get_running_loop().run_in_executor(self._read_executor, call)
 
+    def write_now(self, call: Callable[[], Any]) -> Any:
+        """`write`, for code already on a worker thread: makes `call` between two group commits,
+        on this thread, and returns its result."""
+        return self._locked_write(call)
+
     def _locked_write(self, call: Callable[[], Any]) -> Any:
         acquired = self._storage_lock.acquire(timeout=self.priority_wait)
         try:
@@ -470,13 +475,17 @@ class Journal:
     def _write_behind_now(self) -> None:
         """Make the writes `write_behind` handed over, oldest first (a worker thread). One that
         fails stays first in line, and the error goes to this caller (a retried commit makes it
-        again)."""
+        again); one refused for a lost lease (NotOwner) is dropped, as the events after it are."""
         if not self._behind:
             return
         with self._behind_lock:
             behind = self._behind
             while behind:
-                behind[0]()
+                try:
+                    behind[0]()
+                except NotOwner:
+                    behind.popleft()  # no retry can make it: the run's session is another instance's
+                    raise
                 behind.popleft()
 
     # -- group commit -------------------------------------------------------------------------------

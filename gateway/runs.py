@@ -371,13 +371,19 @@ class RunManager:
         )
 
     # -- execution ----------------------------------------------------------------------------------
-    async def _set_status(self, run: Run, status: str, **fields: Any) -> None:
+    def _set_status(self, run: Run, status: str, **fields: Any) -> None:
+        """A live run's new status (or receipt fields). Stored before the journal's next group
+        commit, by the worker that makes it (`Journal.write_behind`), not in a round trip of its
+        own: an active run is read from memory, and an event follows each change at once. The
+        terminal status waits for its event's commit instead (`_finish`)."""
         run.status = status
         run.updated_at = now_ms()
         for name, value in fields.items():
             setattr(run, name, value)
-        await self.journal.write(
-            self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields
+        self.journal.write_behind(
+            functools.partial(
+                self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields
+            )
         )
         for listener in self.listeners:
             listener(run)
@@ -390,7 +396,7 @@ class RunManager:
         outcome: TurnOutcome
 
         async def queued() -> None:
-            await self._set_status(run, "queued")
+            self._set_status(run, "queued")
             await self.journal.append(
                 run.host_run_id, "run.queued", {"reason": "another run of this session is in flight"}
             )
@@ -417,7 +423,7 @@ class RunManager:
 
     async def _run_turn(self, active: ActiveRun) -> TurnOutcome:
         run, runtime = active.run, active.runtime
-        await self._set_status(run, "running")
+        self._set_status(run, "running")
         await self.journal.append(run.host_run_id, "run.started", {"agentId": run.agent_id})
         session = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {}
         state = dict((session.get("runtimes") or {}).get(run.agent_id) or {})
@@ -432,7 +438,7 @@ class RunManager:
 
         async def on_session_mode(mode: str, detail: dict[str, Any]) -> None:
             if mode != run.session_mode:
-                await self._set_status(run, run.status, session_mode=mode)
+                self._set_status(run, run.status, session_mode=mode)
             await self.journal.append(run.host_run_id, "session.info.updated", {"sessionMode": mode, **detail})
 
         async def ask_permission(
@@ -441,7 +447,7 @@ class RunManager:
             return await self._ask_permission(active, tool_call, options, timeout)
 
         async def update_receipt(**fields: Any) -> None:
-            await self._set_status(run, run.status, **fields)
+            self._set_status(run, run.status, **fields)
 
         turn = Turn(
             run,
@@ -501,11 +507,11 @@ class RunManager:
                 },
             )
             if not run.is_terminal:
-                await self._set_status(run, "running")
+                self._set_status(run, "running")
 
         try:
             # Inside the try: a withdrawal that lands while the status is being stored still resolves.
-            await self._set_status(run, "awaiting_permission")
+            self._set_status(run, "awaiting_permission")
             cancel_wait = asyncio.ensure_future(active.turn.cancel_requested.wait()) if active.turn else None
             waiters = {future} | ({cancel_wait} if cancel_wait else set())
             done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -576,14 +582,19 @@ class RunManager:
                     active.files[str(change["path"])] = None
 
     async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
-        record = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {
-            "sessionId": run.session_id,
-            "actorId": run.actor_id,
-            "createdAt": now_ms(),
-        }
-        change(record)
-        record["updatedAt"] = now_ms()
-        await self.journal.write(self.storage.put_session, run.actor_id, run.session_id, record)
+        """Read, change and store the session's record in one worker call (one round trip)."""
+
+        def read_change_write() -> None:
+            record = self.storage.get_session(run.actor_id, run.session_id) or {
+                "sessionId": run.session_id,
+                "actorId": run.actor_id,
+                "createdAt": now_ms(),
+            }
+            change(record)
+            record["updatedAt"] = now_ms()
+            self.storage.put_session(run.actor_id, run.session_id, record)
+
+        await self.journal.write(read_change_write)
 
     async def _record_turn(self, active: ActiveRun, status: str) -> None:
         """Append the turn (user message, assistant final) to the session transcript, once."""

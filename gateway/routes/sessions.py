@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import html
 import json
 import logging
@@ -106,28 +107,53 @@ class SessionIndexer:
 
     async def _work(self) -> None:
         while True:
-            run, frames = await self.queue.get()
+            batch = [await self.queue.get()]
+            while not self.queue.empty():  # what came meanwhile: indexed in the same worker call
+                batch.append(self.queue.get_nowait())
             try:
-                await self.index(run, frames)
-            except Exception:
-                log.exception("could not index run %s in its session", run.host_run_id)
+                await self._db(self._index_batch, batch)
+            except Exception:  # storage refused it: a later change of the same run indexes it
+                log.exception("could not index %d run change(s) in their sessions", len(batch))
             finally:
-                self.queue.task_done()
+                for _ in batch:
+                    self.queue.task_done()
 
     async def index(self, run: Run, frames: bytes | None = None) -> None:
+        await self._db(self._index_batch, [(run, frames)])
+
+    def _index_batch(self, batch: list[tuple[Run, bytes | None]]) -> None:
+        """Index run snapshots, oldest first, in one worker call (a round trip per snapshot cost
+        each short run several). Only a run's last snapshot is written: the earlier ones of the
+        same run would be overwritten by it. An ended run's events are folded here, outside the
+        journal's storage lock (a long run's fold takes milliseconds); the writes then take turns
+        with the journal's group commits (`Journal.write_now`), not collide in the database's lock,
+        where the loser sleeps in its busy handler."""
+        latest: dict[str, tuple[Run, bytes | None]] = {}
+        for run, frames in batch:
+            latest.pop(run.host_run_id, None)  # in the order of each run's last snapshot
+            latest[run.host_run_id] = (run, frames)
         storage = self.gw.storage
-        # Writes take turns with the journal's group commits (`Journal.write`), not collide in
-        # the database's lock, where the loser sleeps in its busy handler.
-        await self.gw.journal.write(storage.touch_session_index, run)
-        if run.is_terminal:
-            # Read and folded on a worker: a long run's fold would hold the loop for milliseconds.
-            transcript = await self._db(
-                lambda: project_transcript(
-                    storage.read_events(run.host_run_id) if frames is None else events_of_frames([frames]),
-                    run_transcript(run),
-                )
-            )
-            await self.gw.journal.write(storage.put_run_digest, run_digest(run, transcript))
+        writes: list[tuple[Run, Callable[[], Any]]] = []
+        for run, frames in latest.values():
+            writes.append((run, functools.partial(storage.touch_session_index, run)))
+            if not run.is_terminal:
+                continue
+            try:
+                events = storage.read_events(run.host_run_id) if frames is None else events_of_frames([frames])
+                digest = run_digest(run, project_transcript(events, run_transcript(run)))
+            except Exception:
+                log.exception("could not index run %s in its session", run.host_run_id)
+                continue
+            writes.append((run, functools.partial(storage.put_run_digest, digest)))
+
+        def write_all() -> None:
+            for run, write in writes:
+                try:
+                    write()
+                except Exception:  # one run's failure leaves the others indexed
+                    log.exception("could not index run %s in its session", run.host_run_id)
+
+        self.gw.journal.write_now(write_all)
 
     async def settle(self) -> None:
         """Wait until every run change seen so far is indexed; index ended runs that never were
