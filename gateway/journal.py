@@ -511,6 +511,7 @@ class Journal:
                 count += len(events)
             batch = list(chain.from_iterable(taken))
             delivered = True
+            cpu_seconds = 0.0
             try:
                 cpu_seconds = await self._in_writer(self._commit, batch)
             except NotOwner:
@@ -534,7 +535,8 @@ class Journal:
                 log.info("journal commits resumed after %d failed attempts", failures)
                 failures = 0
             backoff = 0.05
-            self._adapt_commit_limit(count, cpu_seconds)
+            if delivered:  # (a commit refused for a lost lease says nothing of storage's speed)
+                self._adapt_commit_limit(count, cpu_seconds)
             self.batches += bool(count)
             self.last_commit_at = time.monotonic()
             # The taken batches are the queue's head (only this loop pops) and each run's pending head.

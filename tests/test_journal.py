@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from agent_gateway.bus import Bus, Subscriber
+from agent_gateway.cluster import NotOwner
 from agent_gateway.journal import PUBLISH_EVERY, Journal, JournalFull
 from agent_gateway.models import Event, events_of_frames, sse_frames
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
@@ -230,6 +231,32 @@ async def test_nothing_is_appended_after_a_terminal_event(storage: PeeweeStorage
     assert await journal.append("run_t", "run.interrupted", {}) is None
     await journal.close()
     assert len(storage.read_events("run_t")) == 2
+
+
+async def test_a_write_behind_refused_for_a_lost_lease_is_dropped_not_retried(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    """A status handed to `write_behind` that storage refuses because this instance lost its
+    lease (NotOwner) can never be made here: it goes with the events of that commit, and the
+    next commit stores the next ones (it used to stay first in line and refuse every commit)."""
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    await journal.start()
+    journal.open_run("run_a")
+    refused: list[str] = []
+
+    def lost_lease() -> None:
+        refused.append("status")
+        raise NotOwner("this instance lost its lease")
+
+    journal.write_behind(lost_lease)
+    await journal.append("run_a", "message.delta", {"text": "dropped with the refused write"})
+    await journal.flush()
+    assert refused == ["status"] and journal.fenced == 1
+    await journal.append("run_a", "message.delta", {"text": "kept"})
+    await journal.flush()
+    assert [e.payload["text"] for e in storage.read_events("run_a")] == ["kept"]
+    assert refused == ["status"]  # not made again
+    await journal.close()
 
 
 # -- reads while the writer is mid-commit -------------------------------------------------------------
