@@ -28,6 +28,11 @@ streaming figures only those that ended inside that span.
 Each round also times a bare reader taking the same answer straight from the upstream (one raw
 socket, no parsing): the fixture's own rate, printed beside the gateway's, which must stay well
 below it for the ratio to measure the gateway.
+Each round also reads the gateway loop's clock (`LoopClock`: its thread's CPU time and its wait
+for a CPU, from the kernel): where the probed run's rate went, against the alone run's. The probes
+take their own CPU of the loop (timed at rest in each round, `_calibrate`), the machine may keep
+the loop off a core, and the rest is the fast run's; `fair` is its rate over what it would have
+made in the loop time left to it at its CPU cost per delta alone (`_loop_shares`).
 This process collects its own garbage only between phases (a full collection here took up to
 13 ms, which a probe it landed in would have counted as the gateway's).
 Prints one JSON line per scenario and the p50/p99 figures as same-run ratios.
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import gc
 import json
 import os
@@ -44,6 +50,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +58,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ENV, ROOT, Clients, load, percentile
+from _common import ENV, ROOT, Clients, load, median, percentile
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
@@ -60,6 +67,54 @@ PROBE_KEYS = ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call")
 TTFE_EVERY = 10  # --ttfe-every: one time-to-first-event probe per this many probes
 PACE = 0.005  # --pace-ms: the pause between two probes
 MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
+CLOCK_EVERY = 0.002  # seconds between two readings of the gateway loop's clock
+
+
+class LoopClock:
+    """The gateway's loop thread (its main thread) as the kernel accounts it: nanoseconds on a
+    CPU and waiting for one (`/proc/<pid>/task/<pid>/schedstat`, exact, not clock ticks), read
+    every CLOCK_EVERY on a thread of this process, so the figures of any wall-clock span can be
+    read off afterwards. The rest of a span the loop slept: nothing to do, or waiting for the GIL
+    or a lock its own workers held."""
+
+    def __init__(self, pid: int) -> None:
+        self.path = f"/proc/{pid}/task/{pid}/schedstat"
+        self.readings: list[tuple[float, int, int]] = []  # (time.time(), on CPU ns, waiting ns)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read_until_stopped, daemon=True)
+
+    def read(self) -> tuple[float, int, int]:
+        with open(self.path) as file:
+            on_cpu, waiting = file.read().split()[:2]
+        return time.time(), int(on_cpu), int(waiting)
+
+    def _read_until_stopped(self) -> None:
+        while not self._stop.wait(CLOCK_EVERY):
+            self.readings.append(self.read())
+
+    def __enter__(self) -> LoopClock:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _at(self, when: float) -> tuple[float, float]:
+        """CPU and wait seconds at `when`, interpolated between the two readings around it."""
+        readings = self.readings
+        index = bisect.bisect_left(readings, (when,))
+        if index == 0 or index >= len(readings):
+            raise RuntimeError("the loop clock has no reading around that time")
+        (t0, cpu0, wait0), (t1, cpu1, wait1) = readings[index - 1], readings[index]
+        share = (when - t0) / (t1 - t0) if t1 > t0 else 0.0
+        return (cpu0 + (cpu1 - cpu0) * share) / 1e9, (wait0 + (wait1 - wait0) * share) / 1e9
+
+    def span(self, first_ms: int, last_ms: int) -> dict[str, float]:
+        """The loop's shares of a span (ms of wall-clock time): on a CPU, waiting for one."""
+        (cpu0, wait0), (cpu1, wait1) = self._at(first_ms / 1000), self._at(last_ms / 1000)
+        seconds = max(last_ms - first_ms, 1) / 1000
+        return {"seconds": seconds, "cpu": (cpu1 - cpu0) / seconds, "wait": (wait1 - wait0) / seconds}
 
 
 # -- the upstream (its own process) ---------------------------------------------------------------
@@ -179,7 +234,78 @@ async def _probe(
         await asyncio.sleep(PACE)  # probe pacing
 
 
-async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: bool) -> dict[str, Any]:
+CALIBRATION_PROBES = 40  # health probes that time the loop's CPU per probe (a quarter as many first-event rounds)
+
+
+async def _runs_ended(http: aiohttp.ClientSession, url: str) -> None:
+    """Wait (bounded) until the gateway's metrics show no active run."""
+    for _ in range(400):
+        async with http.get(url + "/metrics") as response:
+            text = await response.text()
+        lines = text.splitlines()
+        if not sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("agent_gateway_runs_active{")):
+            return
+        await asyncio.sleep(0.005)  # polling pace
+    raise RuntimeError("runs still active after 400 polls")
+
+
+async def _calibrate(http: aiohttp.ClientSession, url: str, clock: LoopClock) -> dict[str, float]:
+    """The loop's own CPU seconds per probe with nothing else running: a health probe (readiness
+    or liveness), and a first-event probe round (a two-call and a one-call probe, with the runs
+    they create, to their end): what the probes take of the loop while the fast run streams."""
+    cpu0 = clock.read()[1]
+    for _ in range(CALIBRATION_PROBES // 2):
+        await _health(http, url)
+        await _health(http, url, "live")
+    cpu1 = clock.read()[1]
+    rounds = CALIBRATION_PROBES // 4
+    for _ in range(rounds):
+        await _first_event(http, url, one_call=False)
+        if ONE_CALL:
+            await _first_event(http, url, one_call=True)
+        await asyncio.sleep(PACE)  # probe pacing
+    await _runs_ended(http, url)
+    cpu2 = clock.read()[1]
+    return {"health": (cpu1 - cpu0) / 1e9 / CALIBRATION_PROBES, "ttfe_round": (cpu2 - cpu1) / 1e9 / rounds}
+
+
+def _loop_shares(
+    alone: dict[str, Any], probed: dict[str, Any], per_probe: dict[str, float], deltas: int
+) -> dict[str, float]:
+    """Where the fast run's rate went, from the loop's clock over each run's delta span. The
+    probes' own share of the loop is their count in the span times their CPU at rest; the rest
+    of the loop's CPU is the fast run's. `fair` is the probed rate over the rate it would have
+    had with its CPU per delta alone and all the loop time the probes and the machine left it
+    (less any sleep the probes added, more sleep is the gateway's): the goal's 10 % reads there."""
+    streaming = probed["streaming"]
+    ttfe_rounds = len(streaming["ttfe_two_calls"]) + len(streaming["ttfe_one_call"])
+    ttfe_rounds /= 2 if ONE_CALL else 1
+    span = probed["loop"]["seconds"]
+    share = (len(streaming["health"]) + len(streaming["live"])) * per_probe["health"] / span
+    share += ttfe_rounds * per_probe["ttfe_round"] / span
+    cpu_alone, cpu_probed = alone["loop"]["cpu"], probed["loop"]["cpu"]
+    sleep_alone = 1 - cpu_alone - alone["loop"]["wait"]
+    sleep_probed = 1 - cpu_probed - probed["loop"]["wait"]
+    cost_alone = cpu_alone * alone["loop"]["seconds"] / deltas  # loop CPU seconds per delta
+    cost_probed = max(cpu_probed - share, 1e-9) * span / deltas
+    left = cpu_probed - share + max(sleep_probed - sleep_alone, 0.0)  # the loop time left to it
+    return {
+        "probes_share": share,
+        "cpu_alone": cpu_alone,
+        "cpu_probed": cpu_probed,
+        "wait_alone": alone["loop"]["wait"],
+        "wait_probed": probed["loop"]["wait"],
+        "sleep_alone": sleep_alone,
+        "sleep_probed": sleep_probed,
+        "us_per_delta_alone": cost_alone * 1e6,
+        "us_per_delta_probed": cost_probed * 1e6,
+        "fair": probed["rate"] * cost_alone / max(left, 1e-9),
+    }
+
+
+async def _fast_run(
+    http: aiohttp.ClientSession, url: str, deltas: int, probe: bool, clock: LoopClock
+) -> dict[str, Any]:
     # The reader's process starts before the run: its interpreter's start-up (tens of ms of CPU on
     # a two-core machine) would otherwise land in the run's first probes.
     warm = await asyncio.to_thread(Clients.warm)
@@ -206,7 +332,15 @@ async def _fast_run(http: aiohttp.ClientSession, url: str, deltas: int, probe: b
     span = max(last - first, 1) / 1000
     streaming = _while_streaming(out, first, last)
     quiet = _quiet_rate(created, out.get("busy_spans", [])) if probe else None
-    return {"events": result["events"], "rate": deltas / span, "quiet_rate": quiet, **out, "streaming": streaming}
+    loop = clock.span(first, last)
+    return {
+        "events": result["events"],
+        "rate": deltas / span,
+        "quiet_rate": quiet,
+        **out,
+        "streaming": streaming,
+        "loop": loop,
+    }
 
 
 # A probe's own work in the gateway goes on after its client has its answer (a new run's upstream
@@ -267,7 +401,7 @@ async def _burst(http: aiohttp.ClientSession, url: str, probes: int) -> dict[str
     return out
 
 
-async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) -> None:
+async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int, clock: LoopClock) -> None:
     idle: dict[str, list[float]] = {"health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     alone: list[float] = []
     quiet_rates: list[float] = []  # the probed run's rate in its quiet milliseconds
@@ -277,18 +411,24 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
         "health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": [], "rate": []
     }  # fmt: skip
     streaming: dict[str, list[float]] = {key: [] for key in PROBE_KEYS}  # between first and last delta
+    loop_rounds: list[dict[str, float]] = []  # per round, where the fast run's rate went (`_loop_shares`)
     async with aiohttp.ClientSession(headers={"X-Agent-Gateway-Client": "bench"}) as http:
-        await _fast_run(http, url, 200, probe=False)  # warm up
+        await _fast_run(http, url, 200, probe=False, clock=clock)  # warm up
         gc.disable()  # collected between phases (`gc.collect()` below), never inside a probe
         gc.freeze()
         for _ in range(rounds):
             await _probe(http, url, idle, None, 60)  # nothing else running: the baselines
             gc.collect()
             upstream_rates.append(await _upstream_rate(upstream, deltas))
-            alone.append((await _fast_run(http, url, deltas, probe=False))["rate"])
+            per_probe = await _calibrate(http, url, clock)
             gc.collect()
-            result = await _fast_run(http, url, deltas, probe=True)
+            alone_run = await _fast_run(http, url, deltas, probe=False, clock=clock)
+            alone.append(alone_run["rate"])
             gc.collect()
+            result = await _fast_run(http, url, deltas, probe=True, clock=clock)
+            gc.collect()
+            shares = _loop_shares(alone_run, result, per_probe, deltas)
+            loop_rounds.append(shares)
             for key in PROBE_KEYS:
                 probed[key] += result[key]
                 streaming[key] += result["streaming"][key]
@@ -297,7 +437,7 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
                 quiet_rates.append(result["quiet_rate"])
                 quiet_ratios.append(result["rate"] / result["quiet_rate"])
             rates = {"upstream_rate": round(upstream_rates[-1]), "alone_rate": round(alone[-1])}
-            print(json.dumps({"round": _, **rates, "probed": {
+            print(json.dumps({"round": _, **rates, "loop": {k: round(v, 3) for k, v in shares.items()}, "probed": {
                 "rate": round(result["rate"]),
                 "quiet_rate": round(result["quiet_rate"] or 0),
                 "health": _summary(result["health"]),
@@ -348,6 +488,10 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int) 
         "fast_run_quiet_rate": round(sorted(quiet_rates)[len(quiet_rates) // 2]) if quiet_rates else None,
         "probed_over_quiet_rate": round(sorted(quiet_ratios)[len(quiet_ratios) // 2], 3) if quiet_ratios else None,
         "quiet_guard_ms": QUIET_GUARD_MS,
+        # The loop's clock (`_loop_shares`), medians of the rounds: the probes' own share of the
+        # loop, its shares on a CPU, waiting for one and asleep, the fast run's loop CPU per delta,
+        # and its rate over the rate it would have had in the loop time left to it.
+        "loop": {key: round(median([r[key] for r in loop_rounds]), 3) for key in loop_rounds[0]},
     }
     report["loop_lag_buckets"] = [line.split("le=")[1] for line in metrics if "loop_lag_seconds_bucket" in line]
     print(json.dumps(report, indent=1))
@@ -395,7 +539,8 @@ def main() -> None:
                 found = re.search(r"listening on (\S+)", line)
                 if not found:
                     raise RuntimeError(f"the gateway did not start: {line!r}")
-                asyncio.run(_bench(found.group(1), base_url, args.deltas, args.rounds, args.ttfe_burst))
+                with LoopClock(gateway.pid) as clock:
+                    asyncio.run(_bench(found.group(1), base_url, args.deltas, args.rounds, args.ttfe_burst, clock))
             finally:
                 gateway.terminate()
                 gateway.wait(timeout=30)
