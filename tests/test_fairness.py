@@ -19,6 +19,8 @@ import gc
 import logging
 import select
 import socket
+import sys
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -411,6 +413,42 @@ async def test_a_slice_ends_within_a_few_steps_of_a_request_reaching_the_gateway
     finally:
         client.close()
         await runner.cleanup()
+
+
+def test_an_arrival_check_keeps_the_gil() -> None:
+    """A slice asks every few steps whether a request arrived. `select.epoll.poll` would release
+    the GIL each time, and a worker thread waiting for it (the journal's writer) would take it:
+    the check keeps it. A thread that counts whenever it holds the GIL counts nothing while the
+    loop's thread checks 100 times (the switch interval, raised to 0.5 s, is the only other way
+    for it to get the GIL, and 100 checks take microseconds)."""
+    if not hasattr(select, "epoll"):
+        pytest.skip("arrival checks need epoll (Linux)")
+    requests = fairness.WaitingRequests()
+    ours, peer = socket.socketpair()
+    counted = [0]
+    stop = threading.Event()
+
+    def count_while_holding_the_gil() -> None:
+        while not stop.is_set():
+            counted[0] += 1
+
+    interval = sys.getswitchinterval()
+    counter = threading.Thread(target=count_while_holding_the_gil)
+    try:
+        requests.watch(ours.fileno())
+        sys.setswitchinterval(0.5)
+        counter.start()
+        before = counted[0]
+        arrived = [requests.arriving() for _ in range(100)]
+        after = counted[0]
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        counter.join()
+        ours.close()
+        peer.close()
+    assert arrived == [False] * 100
+    assert after == before
 
 
 async def test_arrivals_are_watched_until_unwatched_and_never_where_epoll_is_missing(
