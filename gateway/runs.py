@@ -510,7 +510,6 @@ class RunManager:
                 self._set_status(run, "running")
 
         try:
-            # Inside the try: a withdrawal that lands while the status is being stored still resolves.
             self._set_status(run, "awaiting_permission")
             cancel_wait = asyncio.ensure_future(active.turn.cancel_requested.wait()) if active.turn else None
             waiters = {future} | ({cancel_wait} if cancel_wait else set())
