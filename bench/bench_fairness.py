@@ -4,7 +4,8 @@
 
 A real `agent-gateway serve` (SQLite, default config) with the chat-only runtime, pointed at an
 upstream in its own process that answers every chat completion with the model's count of deltas
-(`n20000`, `n3`) written in one go, as fast as the socket takes (`hang`: headers, then nothing).
+(`n20000`, `n3`) written in one go, as fast as the socket takes (`hang`: headers, then nothing),
+on a connection it keeps alive as real upstreams do (`--upstream-closes`: it closes each one).
 One SSE client (its own process) reads the fast run. Alternating, in each round:
 
 - idle: the same probes with nothing running (the latency baselines: health, and a new run's
@@ -63,6 +64,7 @@ from _common import ENV, ROOT, Clients, load, median, percentile
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
 ONE_CALL = True  # --no-one-call: a gateway without create-and-stream
+KEEP_ALIVE = True  # --upstream-closes: the upstream closes the connection after each answer
 PROBE_KEYS = ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call")
 TTFE_EVERY = 10  # --ttfe-every: one time-to-first-event probe per this many probes
 PACE = 0.005  # --pace-ms: the pause between two probes
@@ -119,20 +121,25 @@ class LoopClock:
 
 # -- the upstream (its own process) ---------------------------------------------------------------
 async def _upstream_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers each request on a connection kept alive, as real upstreams do (`KEEP_ALIVE`;
+    otherwise each answer closes its connection, and each run opens one)."""
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(re.search(rb"(?i)content-length:\s*([0-9]+)", head).group(1))  # type: ignore[union-attr]
-        body = await reader.readexactly(length)
-        if b'"model": "hang"' in body or b'"model":"hang"' in body:  # answers nothing until the client leaves
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
-            await reader.read()
-            return
-        found = MODEL.search(body)
-        count = int(found.group(1)) if found else 3
-        writer.write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + CHUNK * count + TAIL
-        )
-        await writer.drain()  # as fast as the socket takes
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length:\s*([0-9]+)", head).group(1))  # type: ignore[union-attr]
+            body = await reader.readexactly(length)
+            if b'"model": "hang"' in body or b'"model":"hang"' in body:  # answers nothing until the client leaves
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+                await reader.read()
+                return
+            found = MODEL.search(body)
+            answer = CHUNK * (int(found.group(1)) if found else 3) + TAIL
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            head += b"Content-Length: %d\r\n\r\n" % len(answer) if KEEP_ALIVE else b"Connection: close\r\n\r\n"
+            writer.write(head + answer)
+            await writer.drain()  # as fast as the socket takes
+            if not KEEP_ALIVE:
+                return
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:
@@ -381,7 +388,8 @@ async def _upstream_rate(base_url: str, deltas: int) -> float:
         start = time.perf_counter()
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body))
         received = 0
-        while chunk := await reader.read(1 << 20):
+        answer = deltas * len(CHUNK) + len(TAIL)  # (with its head: a kept-alive connection stays open)
+        while received <= answer and (chunk := await reader.read(1 << 20)):
             received += len(chunk)
         seconds = time.perf_counter() - start
     finally:
@@ -506,11 +514,15 @@ def main() -> None:
     parser.add_argument("--ttfe-every", type=int, default=10, help="a time-to-first-event probe every N probes")
     parser.add_argument("--ttfe-burst", type=int, default=0, help="end with N back-to-back first-event probes")
     parser.add_argument("--pace-ms", type=float, default=5.0, help="the pause between two probes, ms")
+    parser.add_argument(
+        "--upstream-closes", action="store_true", help="the upstream closes each connection after its answer"
+    )
     parser.add_argument("--upstream", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    global ONE_CALL, TTFE_EVERY, PACE
+    global ONE_CALL, TTFE_EVERY, PACE, KEEP_ALIVE
     ONE_CALL = not args.no_one_call
+    KEEP_ALIVE = not args.upstream_closes
     TTFE_EVERY = max(args.ttfe_every, 1)
     PACE = max(args.pace_ms, 0.0) / 1000
     if args.upstream:
@@ -519,7 +531,9 @@ def main() -> None:
     if args.floor:
         asyncio.run(_serve(_floor_connection))
         return
-    upstream = subprocess.Popen([sys.executable, __file__, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
+    closes = ["--upstream-closes"] if args.upstream_closes else []
+    upstream_command = [sys.executable, __file__, "--upstream", *closes]
+    upstream = subprocess.Popen(upstream_command, stdout=subprocess.PIPE, text=True, env=ENV)
     floor = subprocess.Popen([sys.executable, __file__, "--floor"], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert upstream.stdout is not None and floor.stdout is not None

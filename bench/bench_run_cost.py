@@ -3,7 +3,7 @@
     python bench/bench_run_cost.py [--runs 500] [--rounds 2]
 
 A real `agent-gateway serve` (SQLite, default config) with the chat-only runtime, pointed at
-bench_fairness's upstream (its own process; a 3-delta answer, then it closes the connection).
+bench_fairness's upstream (its own process; a 3-delta answer on a connection kept alive).
 One client, one thing at a time, in each round:
 
 - health: `GET /v1/health`, `--runs` times (the baseline: a request that does nothing);
