@@ -1,6 +1,6 @@
 """Fairness: one chat-only run streaming at full speed must not stall the loop for anyone else.
 
-    python bench/bench_fairness.py [--deltas 20000] [--rounds 3]
+    python bench/bench_fairness.py [--deltas 20000] [--rounds 20]
 
 A real `agent-gateway serve` (SQLite, default config) with the chat-only runtime, pointed at an
 upstream in its own process that answers every chat completion with the model's count of deltas
@@ -11,10 +11,15 @@ One SSE client (its own process) reads the fast run. Alternating, in each round:
 - idle: the same probes with nothing running (the latency baselines: health, and a new run's
   time to first event, which is also issue point 2's figure: a client attaching at once);
 - alone: the fast run with no probes (the throughput baseline);
-- probed: the fast run while this process probes `GET /v1/health` and, every tenth probe
-  (`--ttfe-every`), the time to first event of a second run's client (`POST /v1/runs` then
-  `GET .../stream`, and the one round trip `POST /v1/runs` with `Accept: text/event-stream`),
-  pausing `--pace-ms` (5) between probes.
+- probed: the fast run while this process probes `GET /v1/health`, pausing `--pace-ms` (10)
+  between probes, and times the first event of one second run's client, started at a random
+  moment of the fast run's first 110 ms: `POST /v1/runs` then `GET .../stream` in even rounds,
+  the one round trip `POST /v1/runs` with `Accept: text/event-stream` in odd ones. That is the
+  issue's goal as it reads (one run streaming; health probes and a second run's client).
+
+Heavier loads: `--ttfe-every N` replaces the second run with a pair of first-event probes (both
+kinds, two runs) every Nth probe (`--ttfe-every 10 --pace-ms 5`: about 30 new runs and 300
+requests a second while the fast run streams; `--ttfe-every 3 --pace-ms 0`: probes back to back).
 
 Beside each health probe, the same request to a bare asyncio responder in its own process (the
 floor): what the machine itself adds to a request while the fast run keeps its cores busy.
@@ -47,6 +52,7 @@ import bisect
 import gc
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -66,8 +72,10 @@ TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\nda
 ONE_CALL = True  # --no-one-call: a gateway without create-and-stream
 KEEP_ALIVE = True  # --upstream-closes: the upstream closes the connection after each answer
 PROBE_KEYS = ("health", "live", "floor", "ttfe_two_calls", "ttfe_one_call")
-TTFE_EVERY = 10  # --ttfe-every: one time-to-first-event probe per this many probes
-PACE = 0.005  # --pace-ms: the pause between two probes
+TTFE_EVERY = 0  # --ttfe-every: a pair of first-event probes per this many probes (0: one second run a round)
+IDLE_TTFE_EVERY = 10  # at idle without --ttfe-every: a pair of first-event probes per this many probes
+SECOND_RUN_WITHIN = (0.010, 0.110)  # seconds after the fast run's start: when its second run starts
+PACE = 0.010  # --pace-ms: the pause between two probes
 MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
 CLOCK_EVERY = 0.002  # seconds between two readings of the gateway loop's clock
 
@@ -221,15 +229,20 @@ def _while_streaming(out: dict[str, list[float]], first_ms: int, last_ms: int) -
 
 
 async def _probe(
-    http: aiohttp.ClientSession, url: str, out: dict[str, list[float]], done: asyncio.Event | None, probes: int
+    http: aiohttp.ClientSession,
+    url: str,
+    out: dict[str, list[float]],
+    done: asyncio.Event | None,
+    probes: int,
+    ttfe_every: int = 0,
 ) -> None:
-    """Probe `GET /v1/health` (readiness, then liveness) and, every TTFE_EVERY probes, a new run's
-    time to first event, until `done` is set or after `probes` probes."""
+    """Probe `GET /v1/health` (readiness, then liveness) and, every `ttfe_every` probes (0: never),
+    a new run's time to first event, both kinds, until `done` is set or after `probes` probes."""
     for index in range(probes):
         if done is not None and done.is_set():
             return
         began = time.time()
-        if index % TTFE_EVERY == TTFE_EVERY - 1:
+        if ttfe_every and index % ttfe_every == ttfe_every - 1:
             _sample(out, "ttfe_two_calls", await _first_event(http, url, one_call=False))
             if ONE_CALL:
                 _sample(out, "ttfe_one_call", await _first_event(http, url, one_call=True))
@@ -242,6 +255,17 @@ async def _probe(
 
 
 CALIBRATION_PROBES = 40  # health probes that time the loop's CPU per probe (a quarter as many first-event rounds)
+
+
+async def _second_run(http: aiohttp.ClientSession, url: str, out: dict[str, list[float]], number: int) -> None:
+    """One second run while the fast run streams: its client's time to first event, started at a
+    random moment of SECOND_RUN_WITHIN (the same ones for the same round), two calls in even
+    rounds and one call in odd ones."""
+    await asyncio.sleep(random.Random(number).uniform(*SECOND_RUN_WITHIN))  # a moment of the fast run
+    one_call = ONE_CALL and number % 2 == 1
+    began = time.time()
+    _sample(out, "ttfe_one_call" if one_call else "ttfe_two_calls", await _first_event(http, url, one_call))
+    out.setdefault("busy_spans", []).append((began, time.time()))
 
 
 async def _runs_ended(http: aiohttp.ClientSession, url: str) -> None:
@@ -311,7 +335,7 @@ def _loop_shares(
 
 
 async def _fast_run(
-    http: aiohttp.ClientSession, url: str, deltas: int, probe: bool, clock: LoopClock
+    http: aiohttp.ClientSession, url: str, deltas: int, probe: bool, clock: LoopClock, number: int = 0
 ) -> dict[str, Any]:
     # The reader's process starts before the run: its interpreter's start-up (tens of ms of CPU on
     # a two-core machine) would otherwise land in the run's first probes.
@@ -320,12 +344,15 @@ async def _fast_run(
         run_id = (await created.json())["hostRunId"]
     out: dict[str, list[float]] = {"health": [], "live": [], "floor": [], "ttfe_two_calls": [], "ttfe_one_call": []}
     done = asyncio.Event()
-    prober = asyncio.create_task(_probe(http, url, out, done, 100_000)) if probe else None
+    probers = []
+    if probe:
+        probers.append(asyncio.create_task(_probe(http, url, out, done, 100_000, TTFE_EVERY)))
+        if not TTFE_EVERY:
+            probers.append(asyncio.create_task(_second_run(http, url, out, number)))
     clients = await asyncio.to_thread(Clients, url, [{"run": run_id, "after": None}], warm=warm, mode="count")
     result = (await asyncio.to_thread(clients.results))[0]
     done.set()
-    if prober is not None:
-        await prober
+    await asyncio.gather(*probers)
     created: list[int] = []  # each delta's createdAt (ms)
     after = 0
     while True:  # the delta span from the journal's timestamps
@@ -424,8 +451,9 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int, 
         await _fast_run(http, url, 200, probe=False, clock=clock)  # warm up
         gc.disable()  # collected between phases (`gc.collect()` below), never inside a probe
         gc.freeze()
-        for _ in range(rounds):
-            await _probe(http, url, idle, None, 60)  # nothing else running: the baselines
+        for number in range(rounds):
+            # Nothing else running: the baselines.
+            await _probe(http, url, idle, None, 60, TTFE_EVERY or IDLE_TTFE_EVERY)
             gc.collect()
             upstream_rates.append(await _upstream_rate(upstream, deltas))
             per_probe = await _calibrate(http, url, clock)
@@ -433,7 +461,7 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int, 
             alone_run = await _fast_run(http, url, deltas, probe=False, clock=clock)
             alone.append(alone_run["rate"])
             gc.collect()
-            result = await _fast_run(http, url, deltas, probe=True, clock=clock)
+            result = await _fast_run(http, url, deltas, probe=True, clock=clock, number=number)
             gc.collect()
             shares = _loop_shares(alone_run, result, per_probe, deltas)
             loop_rounds.append(shares)
@@ -445,7 +473,7 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int, 
                 quiet_rates.append(result["quiet_rate"])
                 quiet_ratios.append(result["rate"] / result["quiet_rate"])
             rates = {"upstream_rate": round(upstream_rates[-1]), "alone_rate": round(alone[-1])}
-            print(json.dumps({"round": _, **rates, "loop": {k: round(v, 3) for k, v in shares.items()}, "probed": {
+            print(json.dumps({"round": number, **rates, "loop": {k: round(v, 3) for k, v in shares.items()}, "probed": {
                 "rate": round(result["rate"]),
                 "quiet_rate": round(result["quiet_rate"] or 0),
                 "health": _summary(result["health"]),
@@ -508,12 +536,14 @@ async def _bench(url: str, upstream: str, deltas: int, rounds: int, burst: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deltas", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--switch", type=float, default=0.0, help="the gateway's GIL switch interval, seconds")
     parser.add_argument("--no-one-call", action="store_true", help="skip the create-and-stream probe")
-    parser.add_argument("--ttfe-every", type=int, default=10, help="a time-to-first-event probe every N probes")
+    parser.add_argument(
+        "--ttfe-every", type=int, default=0, help="a pair of first-event probes every N probes (0: one second run)"
+    )
     parser.add_argument("--ttfe-burst", type=int, default=0, help="end with N back-to-back first-event probes")
-    parser.add_argument("--pace-ms", type=float, default=5.0, help="the pause between two probes, ms")
+    parser.add_argument("--pace-ms", type=float, default=10.0, help="the pause between two probes, ms")
     parser.add_argument(
         "--upstream-closes", action="store_true", help="the upstream closes each connection after its answer"
     )
@@ -523,7 +553,7 @@ def main() -> None:
     global ONE_CALL, TTFE_EVERY, PACE, KEEP_ALIVE
     ONE_CALL = not args.no_one_call
     KEEP_ALIVE = not args.upstream_closes
-    TTFE_EVERY = max(args.ttfe_every, 1)
+    TTFE_EVERY = max(args.ttfe_every, 0)
     PACE = max(args.pace_ms, 0.0) / 1000
     if args.upstream:
         asyncio.run(_serve(_upstream_connection, "/v1"))
