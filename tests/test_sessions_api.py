@@ -13,6 +13,7 @@ import pytest
 
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
+from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 from tests._harness import FAKE_ACP_AGENT
 from tests.conftest import WAIT, gateway_of, run_to_end
@@ -388,3 +389,33 @@ async def test_a_run_ended_by_shutdown_is_indexed_by_the_next_process(
     assert run["transcript"]["terminal"]["status"] == session["lastStatus"]
     assert run["transcript"]["answer"]["text"] == ""  # nothing was answered; the plan and tool are there
     assert run["transcript"]["plan"]["entries"][0]["content"] == "waiting"
+
+
+async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
+    make_gateway: Any, storage_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The indexer gathers a run's changes that come close together (running, its session mode,
+    its end) into one worker call, not one each."""
+    monkeypatch.setattr(sessions_routes, "INDEX_GATHER_SECONDS", 0.5)  # the whole run below falls within it
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    [indexer] = [
+        listener.__self__
+        for listener in gateway_of(client).runs.listeners
+        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
+    ]
+    calls: list[list[tuple[str, str]]] = []
+    index_batch = indexer._index_batch
+
+    def counted(batch: list[Any]) -> None:
+        calls.append([(run.host_run_id, run.status) for run, _frames in batch])
+        index_batch(batch)
+
+    monkeypatch.setattr(indexer, "_index_batch", counted)
+    receipt, _events = await run_to_end(client, body("s-gathered", "gather these", "g1"), headers=auth(ALICE))
+    [session] = (await get_json(client, "/v1/sessions"))["sessions"]  # (waits for the indexer)
+    assert session["lastStatus"] == "completed" and session["runCount"] == 1
+    detail = await get_json(client, "/v1/sessions/s-gathered")
+    assert detail["runs"][0]["transcript"]["answer"]["text"] == "Here is about gather these"
+    [call] = [call for call in calls if any(run_id == receipt["hostRunId"] for run_id, _status in call)]
+    statuses = [status for _run_id, status in call]
+    assert statuses[0] == "running" and statuses[-1] == "completed" and len(statuses) >= 3

@@ -41,6 +41,8 @@ MAX_BULK = 100
 MAX_RUNS = 500
 HIT_START, HIT_END = "\ue000", "\ue001"
 STATUS_FILTERS = frozenset({"active", *ACTIVE_STATUSES, *TERMINAL_STATUSES})
+# How long the session indexer gathers run changes before it indexes them (see `_work`).
+INDEX_GATHER_SECONDS = 0.005
 INDEX_METHODS = ("touch_session_index", "put_run_digest", "list_session_index", "search_session_index")
 
 
@@ -108,9 +110,12 @@ class SessionIndexer:
     async def _work(self) -> None:
         while True:
             batch = [await self.queue.get()]
-            while not self.queue.empty():  # what came meanwhile: indexed in the same worker call
-                batch.append(self.queue.get_nowait())
             try:
+                # A short run's changes (running, its session mode, its end) come milliseconds
+                # apart: gathered, they cost one worker call instead of one each.
+                await asyncio.sleep(INDEX_GATHER_SECONDS)
+                while not self.queue.empty():  # what came meanwhile: indexed in the same worker call
+                    batch.append(self.queue.get_nowait())
                 await self._db(self._index_batch, batch)
             except Exception:  # storage refused it: a later change of the same run indexes it
                 log.exception("could not index %d run change(s) in their sessions", len(batch))
