@@ -48,6 +48,9 @@ SPOOL_RECORD = b"record: "
 # GIL while the loop is busy would otherwise shrink commits to a size where overhead dominates.
 COMMIT_TARGET_SECONDS = 0.003
 COMMIT_MIN_EVENTS = 256
+# A writer that was idle waits this long before its next commit, so the events that follow the
+# first one closely go with it (not in cluster mode, where delivery waits for the commit).
+COMMIT_GATHER_SECONDS = 0.002
 # How long `write` waits for a group commit to end before it writes anyway (storage stuck).
 PRIORITY_WAIT_SECONDS = 0.25
 BURST_EVENTS = 64
@@ -199,6 +202,7 @@ class Journal:
         self._behind: deque[Callable[[], Any]] = deque()
         self._behind_lock = threading.Lock()
         self.priority_wait = PRIORITY_WAIT_SECONDS
+        self.commit_gather = COMMIT_GATHER_SECONDS
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
         self.commit_limit = batch_max
         self.on_append: list[Callable[[Event], None]] = []
@@ -492,11 +496,18 @@ class Journal:
     async def _write_loop(self) -> None:
         backoff = 0.05
         failures = 0  # failed attempts in a row: events stay spooled and queued meanwhile
+        idle = True  # nothing to commit when the writer last looked
         while True:
             await self._queue_ready.wait()
             if not self._queue and not self._behind:
                 self._queue_ready.clear()
+                idle = True
                 continue
+            if idle and not self.durable_delivery and self.commit_gather > 0:
+                # The first events after a pause: a short run's next ones (its status, its answer,
+                # its end) follow within a millisecond or two, and join this commit.
+                await asyncio.sleep(self.commit_gather)
+            idle = False
             # Per-run batches, oldest first, up to `commit_limit` events (the last one taken is
             # split if it goes over: a run's events stay in seq order, each part a queue entry).
             taken: list[list[Event]] = []

@@ -259,6 +259,24 @@ async def test_a_write_behind_refused_for_a_lost_lease_is_dropped_not_retried(
     await journal.close()
 
 
+async def test_events_soon_after_an_idle_writer_go_in_its_next_commit(storage: PeeweeStorage, tmp_path: Path) -> None:
+    """A writer that was idle waits `commit_gather` before it takes a batch: a short run's events,
+    appended a loop turn or two apart, go to storage in one commit, not one commit each."""
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    journal.commit_gather = 0.5  # far longer than the loop turns below take
+    await journal.start()
+    journal.open_run("run_a")
+    for text in ("running", "answer", "end"):
+        await journal.append("run_a", "message.delta", {"text": text})
+        for _ in range(3):
+            await asyncio.sleep(0)  # loop turns: an idle writer would have taken what was there
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    assert [e.payload["text"] for e in storage.read_events("run_a")] == ["running", "answer", "end"]
+    assert journal.batches == 1
+    await journal.close()
+
+
 # -- reads while the writer is mid-commit -------------------------------------------------------------
 
 
