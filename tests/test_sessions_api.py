@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -411,6 +412,7 @@ async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
         index_batch(batch)
 
     monkeypatch.setattr(indexer, "_index_batch", counted)
+    await get_json(client, "/v1/sessions")  # the first list indexes ended runs never indexed: none later
     receipt, _events = await run_to_end(client, body("s-gathered", "gather these", "g1"), headers=auth(ALICE))
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]  # (waits for the indexer)
     assert session["lastStatus"] == "completed" and session["runCount"] == 1
@@ -419,3 +421,27 @@ async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
     [call] = [call for call in calls if any(run_id == receipt["hostRunId"] for run_id, _status in call)]
     statuses = [status for _run_id, status in call]
     assert statuses[0] == "running" and statuses[-1] == "completed" and len(statuses) >= 3
+
+
+async def test_a_sessions_first_run_names_it_when_the_next_one_is_seen_before_its_end(
+    make_gateway: Any, storage_kind: str
+) -> None:
+    """One gathered batch: the first run running, the next one running (it started as soon as the
+    first one left the session), then the first one's end. The session's index row is created from
+    its first run, and takes that run's question as its title."""
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    gw = gateway_of(client)
+    [indexer] = [
+        listener.__self__
+        for listener in gw.runs.listeners
+        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
+    ]
+    first, _ = await run_to_end(client, body("s-source", "The first question", "o1"), headers=auth(ALICE))
+    second, _ = await run_to_end(client, body("s-source", "The second question", "o2"), headers=auth(ALICE))
+    await get_json(client, "/v1/sessions")  # (both indexed under s-source)
+    runs = [await gw.runs.get(receipt["hostRunId"], "alice") for receipt in (first, second)]
+    one, two = (replace(run, session_id="s-order") for run in runs if run is not None)
+    batch = [(replace(one, status="running"), None), (replace(two, status="running"), None), (one, None)]
+    await asyncio.get_running_loop().run_in_executor(None, indexer._index_batch, batch)
+    [session] = [s for s in (await get_json(client, "/v1/sessions"))["sessions"] if s["sessionId"] == "s-order"]
+    assert session["title"] == "The first question"

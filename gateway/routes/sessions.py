@@ -135,7 +135,9 @@ class SessionIndexer:
         where the loser sleeps in its busy handler."""
         latest: dict[str, tuple[Run, bytes | None]] = {}
         for run, frames in batch:
-            latest.pop(run.host_run_id, None)  # in the order of each run's last snapshot
+            # Each run's last snapshot, in the order the runs first appear: a session's first run
+            # creates its index row (and gives it its title) even when the next one started before
+            # the first one's end was seen.
             latest[run.host_run_id] = (run, frames)
         storage = self.gw.storage
         writes: list[tuple[Run, Callable[[], Any]]] = []
