@@ -32,6 +32,8 @@ async def main(argv: list[str]) -> None:
             "key_prefix": prefix,
             "lease_seconds": lease,
             "heartbeat_seconds": heartbeat,
+            # Every instance of one bench signs with the same secret (its key prefix, repeated).
+            "secret": (prefix * 32)[:64],
         }
     plugins = PluginHost.load(env={}, extra=(BurstPlugin(),))
     config = Config.load(None, section_specs_from_hook(plugins.config_sections()), env={}, overrides=overrides)

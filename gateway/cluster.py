@@ -72,3 +72,8 @@ class Coordinator:
     def health(self) -> dict[str, Any] | None:
         """What ``/v1/health`` shows under ``cluster`` (None: no cluster)."""
         return None
+
+    def metrics(self) -> list[tuple[str, str, str, list[tuple[dict[str, str], float]]]]:
+        """Metric families of its own for ``/metrics``: ``(name, type, help, [(labels, value)])``,
+        e.g. counters labelled by reason (numbers in :meth:`health` become gauges already)."""
+        return []

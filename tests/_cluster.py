@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from tests.conftest import POSTGRES_URL
 from tests.test_cli import Served, clean_env, serve
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
+# The [cluster] secret the test instances sign their Redis messages with.
+SECRET = "test-cluster-secret-" + "0123456789abcdef" * 2
 JSON = {"Content-Type": "application/json"}
 
 
@@ -39,7 +42,14 @@ def fresh_database() -> Iterator[str]:
 
 
 def instance_env(
-    tmp_path: Path, name: str, database_url: str, *, redis_url: str | None, key_prefix: str, extra: dict[str, str]
+    tmp_path: Path,
+    name: str,
+    database_url: str,
+    *,
+    redis_url: str | None,
+    key_prefix: str,
+    extra: dict[str, str],
+    secret: str = SECRET,
 ) -> dict[str, str]:
     env = clean_env(
         tmp_path,
@@ -51,6 +61,7 @@ def instance_env(
         env["AGENT_GATEWAY__CLUSTER__REDIS_URL"] = redis_url
         env["AGENT_GATEWAY__CLUSTER__INSTANCE_ID"] = name
         env["AGENT_GATEWAY__CLUSTER__KEY_PREFIX"] = key_prefix
+        env.setdefault("AGENT_GATEWAY__CLUSTER__SECRET", secret)
     return env
 
 
@@ -62,9 +73,12 @@ async def instances(
     *,
     redis_url: str | None = REDIS_URL,
     extra: dict[str, str] | None = None,
+    key_prefix: str | None = None,
+    each: list[dict[str, str]] | None = None,
 ) -> AsyncIterator[list[Served]]:
-    """`count` gateways on one database (and, with `redis_url`, one cluster), started at once."""
-    prefix = "agtest:" + secrets.token_hex(4) + ":"
+    """`count` gateways on one database (and, with `redis_url`, one cluster), started at once.
+    `each[i]`: environment of instance i only (on top of `extra`)."""
+    prefix = key_prefix or "agtest:" + secrets.token_hex(4) + ":"
     tmp_path.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240  (a local mkdir, once)
     async with contextlib.AsyncExitStack() as stack:
         starts = [
@@ -73,7 +87,12 @@ async def instances(
                     "--port",
                     "0",
                     env=instance_env(
-                        tmp_path, f"gw{i}", database_url, redis_url=redis_url, key_prefix=prefix, extra=extra or {}
+                        tmp_path,
+                        f"gw{i}",
+                        database_url,
+                        redis_url=redis_url,
+                        key_prefix=prefix,
+                        extra={**(extra or {}), **(each[i] if each else {})},
                     ),
                     cwd=tmp_path,
                 )
@@ -214,3 +233,29 @@ class Partition:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def start_redis(port: int, cwd: Path, *args: str) -> asyncio.subprocess.Process:
+    """A private redis-server (never the machine's) listening on `port` (plain, or TLS when
+    `args` say `--port 0 --tls-port <port> ...`), accepting connections before this returns."""
+    proc = await asyncio.create_subprocess_exec(
+        "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *args,
+        cwd=cwd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                if proc.returncode is not None:
+                    raise AssertionError(f"redis-server exited with {proc.returncode}") from None
+                await asyncio.sleep(0.05)  # start-up pacing: the connect is what is waited for
+                continue
+            writer.close()
+            return proc

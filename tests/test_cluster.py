@@ -7,7 +7,6 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,18 @@ from agent_gateway import Coordinator, Event, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._cluster import (
     REDIS_URL,
+    SECRET,
     Partition,
     assert_run_invariants,
     follow,
+    free_port,
     fresh_database,
     get_json,
     instance_env,
     instances,
     post_json,
     sse,
+    start_redis,
     wait_for_health,
 )
 from tests.test_cli import clean_env, run_cli, serve
@@ -350,38 +352,17 @@ async def test_config_check_says_cluster_mode_needs_postgresql_and_a_redis_url(t
     from tests.test_cli import clean_env, run_cli
 
     config = tmp_path / "c.toml"
-    config.write_text('[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\n')
+    config.write_text(f'[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nsecret = "{SECRET}"\n')
     code, out, _ = await run_cli("config", "check", "--config", str(config), env=clean_env(tmp_path), cwd=tmp_path)
     assert code == 1 and "cluster mode ([cluster] redis_url) needs PostgreSQL storage" in out, out
     config.write_text('[cluster]\nredis_url = "http://x"\nlease_seconds = 1.0\nheartbeat_seconds = 1.0\n')
     code, out, _ = await run_cli("config", "check", "--config", str(config), env=clean_env(tmp_path), cwd=tmp_path)
     assert code == 1 and "cluster.redis_url: must be a redis://" in out and "cluster.lease_seconds" in out, out
-    config.write_text(f'[storage]\nurl = "{POSTGRES_URL}"\n[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\n')
+    config.write_text(
+        f'[storage]\nurl = "{POSTGRES_URL}"\n[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nsecret = "{SECRET}"\n'
+    )
     code, out, _ = await run_cli("config", "check", "--config", str(config), env=clean_env(tmp_path), cwd=tmp_path)
     assert code == 0, out
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-async def start_redis(port: int, cwd: Path) -> asyncio.subprocess.Process:
-    """A private redis-server (never the machine's), answering PING before this returns."""
-    proc = await asyncio.create_subprocess_exec(
-        "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        cwd=cwd, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    async with asyncio.timeout(20):
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-            except OSError:
-                await asyncio.sleep(0.05)  # start-up pacing: the connect is what is waited for
-                continue
-            writer.close()
-            return proc
 
 
 async def test_a_redis_restart_mid_stream_loses_nothing(tmp_path: Path, fake_llm: FakeOpenAI) -> None:
@@ -460,7 +441,8 @@ async def test_the_deployment_guide_configuration_passes_config_check(tmp_path: 
     from tests.test_cli import clean_env, run_cli
 
     guide = DEPLOYMENT_GUIDE.read_text(encoding="utf-8")
-    [block] = re.findall(r"```toml\n(.*?)```", guide, re.S)
+    # The first TOML block is the cluster's configuration (the TLS one names a deployment's files).
+    block = re.findall(r"```toml\n(.*?)```", guide, re.S)[0]
     config = tmp_path / "gateway.toml"
     config.write_text(block.replace("postgresql://gateway@127.0.0.1:5432/gateway", POSTGRES_URL))
     env = clean_env(tmp_path, AGENT_GATEWAY__CLUSTER__INSTANCE_ID="gw1", AGENT_GATEWAY__GATEWAY__PORT="8701")

@@ -91,6 +91,8 @@ def render(gateway: Gateway) -> str:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 name = "agent_gateway_cluster_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
                 metric(name, "gauge", f"The cluster coordinator's {key} (/v1/health cluster.{key}).", [(label, value)])
+    for name, kind, help_text, samples in gateway.coordinator.metrics():
+        metric(name, kind, help_text, [(_labels(labels), value) for labels, value in samples])
     monitor = gateway.loop_monitor
     name = "agent_gateway_loop_lag_seconds"
     lines.append(f"# HELP {name} How late the event loop ran a timer due every {INTERVAL:g} s (it was held).")
@@ -99,6 +101,13 @@ def render(gateway: Gateway) -> str:
     lines.append(f"{name}_sum {monitor.sum!r}")
     lines.append(f"{name}_count {monitor.count}")
     return "\n".join(lines) + "\n"
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    escaped = {k: str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for k, v in labels.items()}
+    return "{" + ",".join(f'{k}="{v}"' for k, v in escaped.items()) + "}"
 
 
 def setup(app: web.Application, gateway: Gateway) -> None:

@@ -18,6 +18,10 @@ calls between instances).
 - Sessions: the first instance that receives a run of a session takes it (an upsert that only
   replaces a dead owner); a run for a session owned elsewhere is forwarded to the owner over Redis,
   as are cancel and permission answers.
+- Signed messages: everything published on Redis is sealed (``envelope.py``: HMAC-SHA256 under
+  ``[cluster] secret`` over the channel, a timestamp, a random id and the body); whatever is
+  unsigned, altered, older than ``message_max_age_seconds`` or already seen is dropped and
+  counted. Redis is not trusted to say who sent a message, only to carry it.
 - Live tail: the journal hands each committed batch to :meth:`committed`, which publishes it on
   one pub/sub channel; each instance feeds the batches of runs it has streams for into its bus.
   Whenever the subscription (re)connects, or Redis is down, or a batch shows a gap, the streams
@@ -35,9 +39,12 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from agent_gateway import ApiError, Coordinator, Event, NotOwner, PluginError, Run, now_ms
+
+from .envelope import REASONS, Rejected, Verifier, seal
 
 log = logging.getLogger("agent_gateway.cluster")
 
@@ -50,6 +57,10 @@ PUBLISH_BACKLOG = 10_000
 RECONNECT_MAX_SECONDS = 2.0
 # At shutdown, how long the journal's last commits and their publication may take.
 STOP_FLUSH_SECONDS = 5.0
+# A refused Redis message is logged at most this often per reason (a flood must not flood the log).
+REJECTED_LOG_SECONDS = 60.0
+OWNER_UNAVAILABLE = "the instance that runs this session cannot be reached right now; retry"
+MIN_SECRET_BYTES = 32
 
 
 def _is_terminal_status(status: str) -> bool:
@@ -104,6 +115,24 @@ class RedisCoordinator(Coordinator):
         self.lease = float(section["lease_seconds"])
         self.heartbeat = float(section["heartbeat_seconds"])
         self.forward_timeout = float(section["forward_timeout_seconds"])
+        self._secret = str(section.get("secret") or "").encode()
+        previous = [str(item).encode() for item in section.get("previous_secrets") or []]
+        self._verifier = (
+            Verifier([self._secret, *previous], float(section.get("message_max_age_seconds", 30.0)))
+            if self._secret
+            else None
+        )
+        self._tls = {
+            option: str(Path(section[key]).expanduser())
+            for option, key in (
+                ("ssl_ca_certs", "tls_ca_file"),
+                ("ssl_certfile", "tls_cert_file"),
+                ("ssl_keyfile", "tls_key_file"),
+            )
+            if section.get(key)
+        }
+        self.rejected = dict.fromkeys(REASONS, 0)
+        self._rejected_logged: dict[str, tuple[float, int]] = {}  # reason -> (when logged, count then)
         self.token = secrets.randbits(62)
         self.lease_lost = False
         self.renewed_at = 0.0  # monotonic time of the last renewal
@@ -275,11 +304,20 @@ class RedisCoordinator(Coordinator):
     async def start(self, gateway: Any) -> None:
         import redis.asyncio as aioredis
 
+        if self._verifier is None or len(self._secret) < MIN_SECRET_BYTES:
+            raise PluginError(
+                f"cluster mode needs [cluster] secret (at least {MIN_SECRET_BYTES} bytes): "
+                "every message on Redis is signed with it"
+            )
         self._gateway = gateway
         await self._db(self._create_tables)
         self._deliver(await self._db(self._register))
         self._redis = aioredis.from_url(
-            self.redis_url, socket_connect_timeout=2, socket_timeout=max(self.heartbeat * 2, 2), health_check_interval=5
+            self.redis_url,
+            socket_connect_timeout=2,
+            socket_timeout=max(self.heartbeat * 2, 2),
+            health_check_interval=5,
+            **self._tls,
         )
         self._tasks = [
             asyncio.create_task(self._listen(), name="cluster-listen"),
@@ -380,23 +418,24 @@ class RedisCoordinator(Coordinator):
         request_id = secrets.token_hex(8)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._replies[request_id] = future
-        message = json.dumps({"id": request_id, "from": self.instance_id, "op": op, "args": args})
+        message = json.dumps({"id": request_id, "from": self.instance_id, "op": op, "args": args}).encode()
+        # API clients learn that the owner is unavailable, never where it or Redis is: the
+        # details (addresses, instance names) go to this instance's log.
         try:
             try:
-                receivers = await self._redis.publish(self._channel("rpc", instance_id), message)
+                receivers = await self._publish(self._channel("rpc", instance_id), message)
             except Exception as exc:
-                raise ApiError(503, "owner_unavailable", f"cannot reach the session's instance: {exc}") from exc
+                log.warning("cluster: forwarding %s to instance %s failed: %s", op, instance_id, exc)
+                raise ApiError(503, "owner_unavailable", OWNER_UNAVAILABLE) from None
             if not receivers:
-                raise ApiError(
-                    503, "owner_unavailable", f"the session's instance {instance_id} is not answering; retry"
-                )
+                log.warning("cluster: instance %s is not subscribed to Redis; %s not forwarded", instance_id, op)
+                raise ApiError(503, "owner_unavailable", OWNER_UNAVAILABLE)
             try:
                 async with asyncio.timeout(self.forward_timeout):
                     answer = await future
             except TimeoutError:
-                raise ApiError(
-                    503, "owner_unavailable", f"the session's instance {instance_id} did not answer"
-                ) from None
+                log.warning("cluster: instance %s did not answer a forwarded %s in time", instance_id, op)
+                raise ApiError(503, "owner_unavailable", OWNER_UNAVAILABLE) from None
         finally:
             self._replies.pop(request_id, None)
         error = answer.get("error")
@@ -450,7 +489,19 @@ class RedisCoordinator(Coordinator):
             "fencedEvents": self._gateway.journal.fenced if self._gateway else 0,
             "relayedIn": self.relayed_in,
             "relayedOut": self.relayed_out,
+            "messagesRejected": dict(self.rejected),
         }
+
+    def metrics(self) -> list[tuple[str, str, str, list[tuple[dict[str, str], float]]]]:
+        return [
+            (
+                "agent_gateway_cluster_messages_rejected_total",
+                "counter",
+                "Redis messages dropped: unsigned, bad_signature (forged, altered or another secret), "
+                "stale (outside message_max_age_seconds) or replayed.",
+                [({"instance": self.instance_id, "reason": reason}, count) for reason, count in self.rejected.items()],
+            )
+        ]
 
     # -- delivery ------------------------------------------------------------------------------------
     def _channel(self, kind: str, instance_id: str | None = None) -> str:
@@ -484,11 +535,14 @@ class RedisCoordinator(Coordinator):
             while self._outbox or self._resync_everyone:
                 taken = list(self._outbox)
                 try:
+                    channel = self._channel("events")
                     async with self._redis.pipeline(transaction=False) as pipe:
+                        # Signed as they leave (not when queued): a batch held back while Redis
+                        # was down is not stale on arrival.
                         if self._resync_everyone:
-                            pipe.publish(self._channel("events"), b"R\x00" + self.instance_id.encode())
+                            pipe.publish(channel, self._seal(channel, b"R\x00" + self.instance_id.encode()))
                         for message in taken:
-                            pipe.publish(self._channel("events"), message)
+                            pipe.publish(channel, self._seal(channel, message))
                         await pipe.execute()
                 except asyncio.CancelledError:
                     raise
@@ -539,7 +593,43 @@ class RedisCoordinator(Coordinator):
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
 
+    def _seal(self, channel: str, body: bytes) -> bytes:
+        return seal(self._secret, channel.encode(), body)
+
+    async def _publish(self, channel: str, body: bytes) -> int:
+        return int(await self._redis.publish(channel, self._seal(channel, body)))
+
+    def _open(self, channel: bytes, data: bytes) -> bytes | None:
+        """The body of an authentic message, or None (the message is counted and dropped)."""
+        assert self._verifier is not None  # start() refuses to run without a secret
+        try:
+            return self._verifier.open(channel, data)
+        except Rejected as exc:
+            detail = f"{exc.reason}: {exc}" if str(exc) != exc.reason else exc.reason
+            self._reject(exc.reason, channel.decode(errors="replace"), detail)
+            return None
+
+    def _reject(self, reason: str, channel: str, detail: str) -> None:
+        """Count a dropped message; log it, at most once per reason every REJECTED_LOG_SECONDS."""
+        self.rejected[reason] += 1
+        now = time.monotonic()
+        logged_at, count_then = self._rejected_logged.get(reason, (-REJECTED_LOG_SECONDS, 0))
+        if now - logged_at >= REJECTED_LOG_SECONDS:
+            self._rejected_logged[reason] = (now, self.rejected[reason])
+            log.warning(
+                "cluster: dropped a Redis message on %s (%s); %d dropped for this reason since the last report. "
+                "Someone with access to Redis publishes on the cluster's channels, or an instance has "
+                "another [cluster] secret or a skewed clock",
+                channel,
+                detail,
+                self.rejected[reason] - count_then,
+            )
+
     def _dispatch(self, channel: bytes, data: bytes) -> None:
+        body = self._open(channel, data)
+        if body is None:
+            return
+        data = body
         name = channel.decode()
         if name == self._channel("events"):
             self._relay_in(data)
@@ -607,11 +697,15 @@ class RedisCoordinator(Coordinator):
                 raise ApiError(400, "invalid_request", f"unknown cluster operation {op!r}")
         except ApiError as exc:
             answer["error"] = {"status": exc.status, "code": exc.code, "message": str(exc), "extra": exc.extra}
-        except Exception as exc:
+        except Exception:
             log.exception("cluster: forwarded %s failed", request.get("op"))
-            answer["error"] = {"status": 500, "code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}
+            answer["error"] = {
+                "status": 500,
+                "code": "internal_error",
+                "message": "internal error; see the gateway log",
+            }
         with contextlib.suppress(Exception):
-            await self._redis.publish(self._channel("reply", str(request.get("from"))), json.dumps(answer))
+            await self._publish(self._channel("reply", str(request.get("from"))), json.dumps(answer).encode())
 
     # -- lease upkeep ---------------------------------------------------------------------------------
     async def _lease_loop(self) -> None:
