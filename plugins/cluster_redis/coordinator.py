@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from agent_gateway import ApiError, Coordinator, Event, NotOwner, PluginError, Run, now_ms
 
@@ -122,7 +123,7 @@ class RedisCoordinator(Coordinator):
             if self._secret
             else None
         )
-        self._tls = {
+        self._tls: dict[str, Any] = {
             option: str(Path(section[key]).expanduser())
             for option, key in (
                 ("ssl_ca_certs", "tls_ca_file"),
@@ -131,6 +132,8 @@ class RedisCoordinator(Coordinator):
             )
             if section.get(key)
         }
+        if urlsplit(self.redis_url).scheme == "rediss":
+            self._tls["ssl_check_hostname"] = True  # older clients default to not checking
         self.rejected = dict.fromkeys(REASONS, 0)
         self._rejected_logged: dict[str, tuple[float, int]] = {}  # reason -> (when logged, count then)
         self.token = secrets.randbits(62)
