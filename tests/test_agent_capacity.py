@@ -118,7 +118,7 @@ def mode_of(events: list[dict[str, Any]]) -> str:
 
 
 async def test_one_actors_slow_turns_never_fail_or_evict_another_actors_runs(make_gateway: MakeGateway) -> None:
-    plugin = FakeAcpPlugin("basic", max_processes=4, max_processes_per_actor=2, process_wait_seconds=WAIT * 2)
+    plugin = FakeAcpPlugin("basic", max_processes=4, max_processes_per_actor=2, process_wait_seconds=WAIT * 10)
     client = await make_gateway(tokens=TOKENS, extra_plugins=(plugin,))
     runtime = gateway_of(client).runtimes[AGENT]
 
