@@ -56,6 +56,9 @@ _EXPORTS: dict[str, str] = {
     "spec_options": "agent_gateway.acp.runtime",
     "validate_section": "agent_gateway.acp.runtime",
     "agent_environment": "agent_gateway.environment",
+    "ProcessCapacity": "agent_gateway.capacity",
+    "ProcessUse": "agent_gateway.capacity",
+    "CapacityTimeout": "agent_gateway.capacity",
     "RunScope": "agent_gateway.tools",
     "validate_schema": "agent_gateway.tools",
     "PathError": "agent_gateway.paths",
@@ -112,6 +115,9 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "spec_options",
     "validate_section",
     "agent_environment",
+    "ProcessCapacity",
+    "ProcessUse",
+    "CapacityTimeout",
     "RunScope",
     "validate_schema",
     "PathError",
@@ -132,6 +138,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
     from agent_gateway.acp.runtime import SECTION_DEFAULTS as ACP_SECTION_DEFAULTS
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
+    from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import Coordinator, NotOwner
     from agent_gateway.config import Config
     from agent_gateway.environment import agent_environment

@@ -60,7 +60,12 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
     ):
         if section[key] <= 0:
             problems.append((key, "must be positive"))
-    for key in ("max_queued_runs_per_session", "journal_memory_mb"):
+    for key in (
+        "max_queued_runs_per_session",
+        "journal_memory_mb",
+        "max_run_journal_bytes",
+        "max_actor_journal_bytes_per_day",
+    ):
         if section[key] < 0:
             problems.append((key, "must be 0 or more"))
     if not all(isinstance(name, str) and name and "/" not in name for name in section["allowed_hosts"]):
@@ -148,6 +153,8 @@ CORE_SECTIONS = [
             "run_timeout_seconds": 3600.0,
             "max_queued_runs_per_session": 16,
             "max_active_runs_per_actor": 64,
+            "max_run_journal_bytes": 64 * 1024 * 1024,
+            "max_actor_journal_bytes_per_day": 16 * 1024 * 1024 * 1024,
             "header_timeout_seconds": 10.0,
             "idle_timeout_seconds": 75.0,
             "max_connections": 1000,

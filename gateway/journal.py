@@ -164,6 +164,9 @@ class Journal:
         self._read_executor = read_executor
         self._next_seq: dict[str, int] = {}
         self._terminal: set[str] = set()
+        # Runs that take no more events but their terminal one: the ended ones (`_terminal`) and
+        # the sealed ones (`seal`). One look-up in `append_nowait` covers both.
+        self._stopped: set[str] = set()
         # Published events waiting for storage, as the per-run batches `publish` made (oldest first),
         # and the same batches per run (for reads of the uncommitted tail).
         self._queue: deque[list[Event]] = deque()
@@ -206,6 +209,9 @@ class Journal:
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
         self.commit_limit = batch_max
         self.on_append: list[Callable[[Event], None]] = []
+        # Called with each run's published batch and its size in bytes (its SSE frames, built
+        # once for the spool and the bus anyway): what run and actor byte limits count.
+        self.on_published_bytes: Callable[[str, int], None] | None = None
         # By kind, what makes a spooled `write_behind` record's write again at start-up (a worker
         # thread, before the events spooled after it are stored).
         self.record_handlers: dict[str, Callable[[Any], None]] = {}
@@ -244,6 +250,7 @@ class Journal:
         self._next_seq[host_run_id] = max(next_seq, self._next_seq.get(host_run_id, 1))
         if terminal:
             self._terminal.add(host_run_id)
+            self._stopped.add(host_run_id)
 
     def is_open(self, host_run_id: str) -> bool:
         return host_run_id in self._next_seq
@@ -251,11 +258,18 @@ class Journal:
     def has_terminal(self, host_run_id: str) -> bool:
         return host_run_id in self._terminal
 
+    def seal(self, host_run_id: str) -> None:
+        """Take no more events of an open run but its terminal one (a run over its byte limit:
+        what its runtime still emits while it stops is dropped)."""
+        if host_run_id in self._next_seq:
+            self._stopped.add(host_run_id)
+
     def forget_run(self, host_run_id: str) -> None:
         """Stop tracking a finished run once its events are committed."""
         if not self._pending_by_run.get(host_run_id) and host_run_id not in self._unpublished:
             self._next_seq.pop(host_run_id, None)
             self._terminal.discard(host_run_id)
+            self._stopped.discard(host_run_id)
             self._drop_tail(host_run_id)
 
     async def append(
@@ -289,13 +303,17 @@ class Journal:
         seq = next_seq.get(host_run_id)
         if seq is None:
             raise KeyError(f"run {host_run_id} is not open in the journal")
-        if host_run_id in self._terminal:
-            log.warning("dropped %s after the terminal event of %s", kind, host_run_id)
-            return None
+        if host_run_id in self._stopped:
+            if host_run_id in self._terminal:
+                log.warning("dropped %s after the terminal event of %s", kind, host_run_id)
+                return None
+            if kind not in TERMINAL_KINDS:
+                return None  # sealed: only its terminal event is still taken
         next_seq[host_run_id] = seq + 1
         event = Event(host_run_id, seq, kind, source, payload)
         if kind in TERMINAL_KINDS:
             self._terminal.add(host_run_id)
+            self._stopped.add(host_run_id)
         unpublished = self._unpublished
         batch = unpublished.get(host_run_id)
         if batch is not None:
@@ -338,9 +356,11 @@ class Journal:
         if self._segments:
             self._spool(blobs[0] if len(blobs) == 1 else b"".join(blobs))
         queue, pending = self._queue, self._pending_by_run
-        publish, hooks = self.bus.publish_many, self.on_append
+        publish, hooks, count_bytes = self.bus.publish_many, self.on_append, self.on_published_bytes
         keep_frames = self.tail_bytes > 0 and not self.durable_delivery
         for (host_run_id, events), blob in zip(unpublished.items(), blobs, strict=True):
+            if count_bytes is not None:
+                count_bytes(host_run_id, len(blob))
             queue.append(events)
             if keep_frames:
                 self._add_tail(host_run_id, events, blob)

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,7 @@ TURN_TOOLS_KEPT = 20
 TURN_FILES_KEPT = 50
 # What a 429 from run admission asks the client to wait before trying again.
 ADMISSION_RETRY_AFTER_SECONDS = 2
+SECONDS_PER_DAY = 86_400
 
 
 # Waiting for a run another cluster instance executes: its live events buffered here between
@@ -137,6 +139,9 @@ class ActiveRun:
     tools: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, None] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    journal_bytes: int = 0  # of its published events (their SSE frames)
+    # How the run ends whatever its turn returns (it went over a limit and was stopped).
+    forced_outcome: TurnOutcome | None = None
 
 
 class RunManager:
@@ -153,6 +158,8 @@ class RunManager:
         services: dict[str, Any] | None = None,
         max_queued_per_session: int = 16,
         max_active_per_actor: int = 64,
+        max_run_journal_bytes: int = 0,
+        max_actor_journal_bytes_per_day: int = 0,
         workspace_access: WorkspaceAccess | None = None,
         coordinator: Coordinator | None = None,
     ) -> None:
@@ -168,6 +175,13 @@ class RunManager:
         self.services = services if services is not None else {}
         self.max_queued_per_session = max_queued_per_session
         self.max_active_per_actor = max_active_per_actor
+        # Byte limits on the journal (0: none). The daily count is per actor and UTC day, kept in
+        # this process's memory (it starts at 0 after a restart, and each cluster instance counts
+        # its own runs).
+        self.max_run_journal_bytes = max_run_journal_bytes
+        self.max_actor_journal_bytes_per_day = max_actor_journal_bytes_per_day
+        self._journal_day = 0
+        self._actor_journal_bytes: dict[str, int] = {}
         self.workspace_access = workspace_access or WorkspaceAccess()
         self._active: dict[str, ActiveRun] = {}
         # Runs admitted but not yet in `_active` (their request key is being looked up), by (actor, session).
@@ -181,6 +195,8 @@ class RunManager:
         # repeated requestId finds them here. A worker thread removes each once it is stored.
         self._unstored: dict[tuple[str, str, str, str], Run] = {}
         journal.on_append.append(self._observe)
+        if max_run_journal_bytes > 0 or max_actor_journal_bytes_per_day > 0:
+            journal.on_published_bytes = self._count_journal_bytes
         journal.record_handlers["run"] = self._recover_row
         self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
         self.created = 0
@@ -308,6 +324,16 @@ class RunManager:
         counts without awaiting, so concurrent creations cannot all pass; the caller un-counts
         the returned key once the run is in ``_active`` (or was not created)."""
         session = (actor_id, session_id)
+        budget = self.max_actor_journal_bytes_per_day
+        if budget > 0 and self.journal_bytes_today(actor_id) >= budget:
+            retry_after = max(1, SECONDS_PER_DAY - int(time.time()) % SECONDS_PER_DAY)
+            raise AdmissionRefused(
+                "journal_budget_exhausted",
+                f"this actor's runs journalled {self.journal_bytes_today(actor_id)} bytes today (UTC), the daily "
+                f"limit ([gateway] max_actor_journal_bytes_per_day = {budget}); retry after midnight UTC",
+                budget,
+                retry_after,
+            )
         of_actor = sum(n for (actor, _), n in self._admitting.items() if actor == actor_id)
         in_session = self._admitting[session]
         for active in self._active.values():
@@ -403,7 +429,7 @@ class RunManager:
 
         try:
             async with self._session_locks.hold((run.actor_id, run.session_id), if_busy=queued):
-                if active.cancel_requested:
+                if active.cancel_requested or active.forced_outcome is not None:
                     outcome = TurnOutcome("cancelled", "cancelled before it started")
                 else:
                     active.started = True
@@ -419,6 +445,8 @@ class RunManager:
         except Exception as exc:  # the runtime broke; the run must still end
             log.exception("run %s failed", run.host_run_id)
             outcome = TurnOutcome("failed", f"{type(exc).__name__}: {exc}")
+        if active.forced_outcome is not None:
+            outcome = active.forced_outcome
         await self._finish(active, outcome)
 
     async def _run_turn(self, active: ActiveRun) -> TurnOutcome:
@@ -463,7 +491,7 @@ class RunManager:
         )
         active.turn = turn
         await self._resolve_capabilities(run)
-        if active.cancel_requested:  # a cancel that arrived before the turn existed
+        if active.cancel_requested or active.forced_outcome is not None:  # it came before the turn existed
             turn.cancel_requested.set()
         strategy = self.strategies.get(run.agent_id) or TranscriptStrategy()
         plan: SessionPlan = await strategy.plan(turn, runtime)
@@ -790,16 +818,56 @@ class RunManager:
             return None
         if not active.cancel_requested:
             active.cancel_requested = True
-            if not active.started:
-                if active.task is not None:
-                    active.task.cancel()
-            else:
-                if active.turn is not None:  # otherwise _run_turn sets it when it makes the turn
-                    active.turn.cancel_requested.set()
-                self._watchdogs.add(asyncio.create_task(self._force_cancel_after_grace(active)))
-                for task in [t for t in self._watchdogs if t.done()]:
-                    self._watchdogs.discard(task)
+            self._stop(active)
         return active.run
+
+    def _stop(self, active: ActiveRun) -> None:
+        """Stop a run's turn: a run not started yet at once, a running one through its runtime
+        (`Turn.cancel_requested`), its task cancelled if that takes more than `cancel_grace`."""
+        if not active.started:
+            if active.task is not None:
+                active.task.cancel()
+            return
+        if active.turn is not None:  # otherwise _run_turn sets it when it makes the turn
+            active.turn.cancel_requested.set()
+        self._watchdogs.add(asyncio.create_task(self._force_cancel_after_grace(active)))
+        for task in [t for t in self._watchdogs if t.done()]:
+            self._watchdogs.discard(task)
+
+    # -- journal byte limits ----------------------------------------------------------------------
+    def journal_bytes_today(self, actor_id: str) -> int:
+        """Bytes this process journalled today (UTC) for the actor's runs."""
+        if int(time.time()) // SECONDS_PER_DAY != self._journal_day:
+            return 0
+        return self._actor_journal_bytes.get(actor_id, 0)
+
+    def _count_journal_bytes(self, host_run_id: str, size: int) -> None:
+        """Count a run's published batch (the journal's `on_published_bytes`): against its
+        actor's day, and against the run's own limit, which stops the run once passed."""
+        active = self._active.get(host_run_id)
+        if active is None:
+            return
+        if self.max_actor_journal_bytes_per_day > 0:
+            day = int(time.time()) // SECONDS_PER_DAY
+            if day != self._journal_day:
+                self._journal_day = day
+                self._actor_journal_bytes = {}
+            actor = active.run.actor_id
+            self._actor_journal_bytes[actor] = self._actor_journal_bytes.get(actor, 0) + size
+        limit = self.max_run_journal_bytes
+        if limit <= 0:
+            return
+        active.journal_bytes += size
+        if active.journal_bytes <= limit or active.forced_outcome is not None or self.journal.has_terminal(host_run_id):
+            return
+        reason = (
+            f"journal_limit: the run's events passed {limit} bytes ([gateway] max_run_journal_bytes = {limit}); "
+            "the run was stopped and nothing more of it was journalled"
+        )
+        log.warning("run %s: %s", host_run_id, reason)
+        active.forced_outcome = TurnOutcome("failed", reason, {"code": "journal_limit", "limitBytes": limit})
+        self.journal.seal(host_run_id)
+        self._stop(active)
 
     async def _force_cancel_after_grace(self, active: ActiveRun) -> None:
         with contextlib.suppress(TimeoutError):

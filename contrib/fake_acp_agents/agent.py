@@ -9,7 +9,9 @@ answers with the previous prompts of the session joined by ``|``.
 ``session/cancel`` ends an in-flight prompt with ``stopReason: cancelled``.
 The prompt ``forget me`` is answered, then the agent forgets that session (as an
 agent that lost its session store would: its next prompt is refused or an error);
-the prompt ``refuse this`` ends at once with ``stopReason: refusal``.
+the prompt ``refuse this`` ends at once with ``stopReason: refusal``; the prompt
+``hold until cancelled`` streams the thought ``holding`` and then waits for
+``session/cancel`` (a turn that stays busy as long as a test wants).
 
 Behaviours:
 
@@ -403,6 +405,10 @@ class FakeAgent:
             result = await handler(state, text)
             if result is not None:
                 return result
+        if text.strip().endswith("hold until cancelled"):
+            await self._say(sid, update_agent_thought_text("holding"))
+            await state.cancel.wait()
+            return "", "cancelled"
         if text.strip() == "history?":
             reply = "|".join(turn["user"] for turn in state.history)
         else:

@@ -6,8 +6,10 @@ the rest the same way for every agent:
 - **Bindings.** A live agent session is bound to (actor, gateway session, agent, profile, model,
   workspace, allowed-roots hash) and reused turn after turn (`native_live`). A finished or
   cancelled turn keeps it; a change of any key part closes it; idle bindings are evicted after
-  `idle_seconds`; at most `max_processes` agent processes live at once (least recently used idle
-  binding evicted first).
+  `idle_seconds`; at most `max_processes` agent processes live at once, at most
+  `max_processes_per_actor` of them one actor's; a turn that finds none free closes an idle
+  binding by the fair-share rule of :mod:`agent_gateway.capacity` (never a busy one, never that
+  of an actor within its share) or waits up to `process_wait_seconds` for one.
 - **Session strategy.** Without a live binding: `session/load` of the stored agent session when
   the agent declares `loadSession`, believed only with replay evidence (`loaded`); otherwise a
   new session seeded with the bounded cold-resume packet (`cold_resumed`) or `new_session`.
@@ -44,6 +46,7 @@ from agent_gateway.acp.client import (
     AcpTimeout,
 )
 from agent_gateway.acp.mapping import coalesce_updates, extract_text, map_update
+from agent_gateway.capacity import ProcessCapacity, ProcessUse
 from agent_gateway.environment import agent_environment
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import (
@@ -88,6 +91,9 @@ class AcpAgentSpec:
     permission_timeout: float = 300.0
     idle_seconds: float = 900.0
     max_processes: int = 4
+    # Processes one actor may hold (0: all `max_processes`), and how long a turn waits for one.
+    max_processes_per_actor: int = 2
+    process_wait_seconds: float = 300.0
     # Seconds to wait for `initialize`, for `session/new` / `session/load`, for a prompt's result
     # (None: no limit), and for the agent to stop after `session/cancel` before it is closed.
     initialize_timeout: float = 60.0
@@ -111,6 +117,11 @@ SECTION_DEFAULTS: dict[str, Any] = {
     "inherit_env": False,
     "idle_seconds": 900.0,
     "max_processes": 4,
+    # Half the default max_processes: a second actor always finds processes free. 0: no
+    # per-actor limit (still, no actor closes another's binding while it is within its share).
+    "max_processes_per_actor": 2,
+    # A turn that finds no process free waits this long for one, then fails.
+    "process_wait_seconds": 300.0,
     "permission_timeout_seconds": 300.0,
     "auto_allow_kinds": [],
     "mcp_servers": [],
@@ -124,6 +135,7 @@ SECTION_DEFAULTS: dict[str, Any] = {
 _POSITIVE_KEYS = (
     "idle_seconds",
     "permission_timeout_seconds",
+    "process_wait_seconds",
     "initialize_timeout",
     "session_timeout",
     "cancel_grace",
@@ -138,6 +150,8 @@ def validate_section(section: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("command", "must be a non-empty list of strings"))
     if section["max_processes"] < 1:
         problems.append(("max_processes", "must be at least 1"))
+    if section["max_processes_per_actor"] < 0:
+        problems.append(("max_processes_per_actor", "must be 0 (no per-actor limit) or more"))
     for key in _POSITIVE_KEYS:
         if section[key] <= 0:
             problems.append((key, "must be positive"))
@@ -165,6 +179,8 @@ def spec_options(section: dict[str, Any], default_model: str = "") -> dict[str, 
         "permission_timeout": float(section["permission_timeout_seconds"]),
         "idle_seconds": float(section["idle_seconds"]),
         "max_processes": int(section["max_processes"]),
+        "max_processes_per_actor": int(section["max_processes_per_actor"]),
+        "process_wait_seconds": float(section["process_wait_seconds"]),
         "mcp_servers": list(section["mcp_servers"]),
         "initialize_timeout": float(section["initialize_timeout"]),
         "session_timeout": float(section["session_timeout"]),
@@ -338,6 +354,9 @@ class AcpRuntime:
         self.session_strategy = AcpSessionStrategy()
         self._bindings: dict[tuple[str, str, str], Binding] = {}
         self._start_lock = asyncio.Lock()
+        self.capacity = ProcessCapacity(
+            spec.agent_id, spec.max_processes, spec.max_processes_per_actor, spec.process_wait_seconds
+        )
         self.initialize_result: dict[str, Any] | None = None
         # The agent's `initialize` `agentInfo` ({name, title, version}) once a process has started.
         self.agent_info: dict[str, Any] | None = None
@@ -411,7 +430,7 @@ class AcpRuntime:
         )
         binding = Binding(key, process, cwd)
         binding_box["b"] = binding
-        await self._make_room()
+        await self._make_room(key.actor_id, turn)
         try:
             await process.start()
             result = await process.initialize(timeout=self.spec.initialize_timeout)
@@ -441,16 +460,21 @@ class AcpRuntime:
         if plugins is not None:
             plugins.negotiate_runtime_policy(self.agent_id, policy, result)
 
-    async def _make_room(self) -> None:
-        alive = [b for b in self._bindings.values() if b.alive]
-        if len(alive) < self.spec.max_processes:
-            return
-        idle = sorted((b for b in alive if not b.busy), key=lambda b: b.last_used)
-        if not idle:
-            raise RuntimeError(
-                f"{self.agent_id}: all {self.spec.max_processes} agent processes are busy (max_processes)"
-            )
-        await self._close_binding(idle[0], "evicted to make room (max_processes)")
+    async def _make_room(self, actor_id: str, turn: Turn | None = None) -> None:
+        """Called with `_start_lock` held (let go while waiting): room for one more process of
+        `actor_id`, by the fair-share rule (see :mod:`agent_gateway.capacity`)."""
+
+        async def waiting(message: str) -> None:
+            if turn is not None:
+                wait = self.spec.process_wait_seconds
+                await turn.emit("run.waiting", {"reason": "agent_capacity", "message": message, "waitSeconds": wait})
+
+        await self.capacity.make_room(
+            actor_id, self._process_uses, self._close_binding, lock=self._start_lock, on_wait=waiting
+        )
+
+    def _process_uses(self) -> list[ProcessUse]:
+        return [ProcessUse(b.key.actor_id, b.busy, b.last_used, b) for b in self._bindings.values() if b.alive]
 
     async def _close_binding(self, binding: Binding, why: str) -> None:
         if self._bindings.get(binding.key.owner) is binding:
@@ -458,7 +482,10 @@ class AcpRuntime:
         if binding.evict_handle is not None:
             binding.evict_handle.cancel()
         log.info("closing %s binding %s: %s", self.agent_id, binding.agent_session_id, why)
-        await binding.process.close()
+        try:
+            await binding.process.close()
+        finally:
+            self.capacity.changed()
 
     def _schedule_eviction(self, binding: Binding) -> None:
         if binding.evict_handle is not None:
@@ -747,6 +774,7 @@ class AcpRuntime:
             binding.turn = None
             binding.busy = False
             binding.last_used = time.monotonic()
+            self.capacity.changed()  # an idle binding may make room for a waiting turn
         error = prompt.exception() if prompt.done() and not prompt.cancelled() else None
         if isinstance(error, AcpProcessExited):
             await self._close_binding(binding, "agent process exited")

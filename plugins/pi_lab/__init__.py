@@ -30,6 +30,8 @@ DEFAULTS: dict[str, Any] = {
     "provider_api_key": "",
     "idle_seconds": 900.0,
     "max_processes": 4,
+    "max_processes_per_actor": 2,
+    "process_wait_seconds": 300.0,
     "extra_args": [],
     "mcp_servers": {},
 }
@@ -47,6 +49,10 @@ def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("idle_seconds", "must be positive"))
     if section["max_processes"] < 1:
         problems.append(("max_processes", "must be at least 1"))
+    if section["max_processes_per_actor"] < 0:
+        problems.append(("max_processes_per_actor", "must be 0 (no per-actor limit) or more"))
+    if section["process_wait_seconds"] <= 0:
+        problems.append(("process_wait_seconds", "must be positive"))
     for name, entry in section["mcp_servers"].items():
         if not isinstance(entry, dict) or not (entry.get("command") or entry.get("url")):
             problems.append((f"mcp_servers.{name}", "must be a table with `command` or `url` (Pi's mcp.json format)"))
@@ -66,6 +72,8 @@ def settings_from(config: Any) -> PiSettings:
         idle_seconds=float(section["idle_seconds"]),
         extra_args=list(section["extra_args"]),
         max_processes=int(section["max_processes"]),
+        max_processes_per_actor=int(section["max_processes_per_actor"]),
+        process_wait_seconds=float(section["process_wait_seconds"]),
         mcp_servers=dict(section["mcp_servers"]),
     )
 

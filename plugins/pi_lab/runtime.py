@@ -29,6 +29,8 @@ from typing import Any
 
 from agent_gateway import (
     SHORT_REPLY_WARNING,
+    ProcessCapacity,
+    ProcessUse,
     RuntimePolicy,
     SessionPlan,
     Turn,
@@ -63,6 +65,9 @@ class PiSettings:
     idle_seconds: float = 900.0
     extra_args: list[str] = field(default_factory=list)
     max_processes: int = 4
+    # Processes one actor may hold (0: all `max_processes`), and how long a turn waits for one.
+    max_processes_per_actor: int = 2
+    process_wait_seconds: float = 300.0
     mcp_servers: dict[str, Any] = field(default_factory=dict)
     # True: Pi gets the gateway's whole environment instead of the base agent environment.
     inherit_env: bool = False
@@ -204,6 +209,9 @@ class PiRuntime:
         # The core's default `session_strategy` uses this: live binding, then resume, then cold resume.
         self.session_strategy = PiSessionStrategy()
         self.bindings: dict[tuple[Any, ...], Binding] = {}
+        self.capacity = ProcessCapacity(
+            AGENT_ID, settings.max_processes, settings.max_processes_per_actor, settings.process_wait_seconds
+        )
         self._mcp_lock = asyncio.Lock()
 
     # -- descriptor ---------------------------------------------------------------------------
@@ -248,6 +256,7 @@ class PiRuntime:
             if binding.evict is not None:
                 binding.evict.cancel()
                 binding.evict = None
+            binding.turn = turn  # taken: no eviction until the turn has run (run_turn lets go)
             turn.binding = binding
             return SessionPlan("native_live", detail={"piSessionId": binding.pi_session_id})
         if binding is not None:
@@ -255,8 +264,11 @@ class PiRuntime:
         # Another live binding of the same gateway session (other roots/model/workspace) is closed.
         for other in [b for b in self.bindings.values() if b.key.astuple()[:2] == key.astuple()[:2]]:
             await self._close(other, "the session's workspace, roots or model changed")
-        await self._make_room()
+        async with self._process_slot(turn, key.actor_id):
+            return await self._start(turn, key)
 
+    async def _start(self, turn: Turn, key: BindingKey) -> SessionPlan:
+        """Start the Pi process of a new binding (its slot is counted) and find its session."""
         state = turn.state or {}
         session_dir = self.settings.sessions_root / safe_name(key.workspace_id) / safe_name(key.actor_id)
         stored_file = state.get("sessionFile")
@@ -272,7 +284,7 @@ class PiRuntime:
             raise
         pi_session_id = str(info.get("sessionId") or "")
         session_file = str(info.get("sessionFile") or "")
-        binding = Binding(key, process, pi_session_id, session_file)
+        binding = Binding(key, process, pi_session_id, session_file, turn=turn)  # taken (see above)
         self.bindings[key.astuple()] = binding
         turn.binding = binding
         await turn.save_state(
@@ -366,12 +378,20 @@ class PiRuntime:
 
         binding.evict = loop.call_later(self.settings.idle_seconds, fire)
 
-    async def _make_room(self) -> None:
-        while len(self.bindings) >= self.settings.max_processes:
-            idle = [b for b in self.bindings.values() if b.turn is None]
-            if not idle:
-                return  # all busy: allow one more rather than cut a running turn
-            await self._close(min(idle, key=lambda b: b.last_used), "too many pi processes")
+    def _process_slot(self, turn: Turn, actor_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Room for one more Pi process of `actor_id` (the fair-share rule of
+        `agent_gateway.capacity`), counted while it starts; waits up to `process_wait_seconds`."""
+
+        async def waiting(message: str) -> None:
+            wait = self.settings.process_wait_seconds
+            await turn.emit("run.waiting", {"reason": "agent_capacity", "message": message, "waitSeconds": wait})
+
+        return self.capacity.reserve(actor_id, self._process_uses, self._close, on_wait=waiting)
+
+    def _process_uses(self) -> list[ProcessUse]:
+        return [
+            ProcessUse(b.key.actor_id, b.turn is not None, b.last_used, b) for b in self.bindings.values() if b.alive
+        ]
 
     async def _close(self, binding: Binding, reason: str) -> None:
         binding.closed = True
@@ -380,7 +400,10 @@ class PiRuntime:
         if self.bindings.get(binding.key.astuple()) is binding:
             del self.bindings[binding.key.astuple()]
         log.info("closing pi session %s: %s", binding.pi_session_id, reason)
-        await binding.process.close()
+        try:
+            await binding.process.close()
+        finally:
+            self.capacity.changed()
 
     async def close(self) -> None:
         for binding in list(self.bindings.values()):
@@ -411,6 +434,7 @@ class PiRuntime:
             process.listener = None
             binding.turn = None
             binding.last_used = time.monotonic()
+            self.capacity.changed()  # an idle binding may make room for a waiting turn
             if binding.alive:
                 self._schedule_eviction(binding)
             elif not binding.closed:
