@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from agent_gateway.agent_receipts import NOT_AGENT_SOURCES, TOOL_EVENT_KINDS, AgentToolLedger
 from agent_gateway.cluster import Coordinator
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
@@ -47,6 +48,8 @@ TURN_FILES_KEPT = 50
 # What a 429 from run admission asks the client to wait before trying again.
 ADMISSION_RETRY_AFTER_SECONDS = 2
 SECONDS_PER_DAY = 86_400
+# The events `RunManager._observe` looks at (one set lookup for every other event).
+OBSERVED_KINDS = TOOL_EVENT_KINDS | {"files.changed"}
 
 
 # Waiting for a run another cluster instance executes: its live events buffered here between
@@ -138,6 +141,8 @@ class ActiveRun:
     # What the turn did, for the session transcript (and so for a later cold-resume packet).
     tools: list[dict[str, Any]] = field(default_factory=list)
     files: dict[str, None] = field(default_factory=dict)
+    # The agent's own tool calls, for their receipts (made at the first one).
+    agent_tools: AgentToolLedger | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
     journal_bytes: int = 0  # of its published events (their SSE frames)
     # How the run ends whatever its turn returns (it went over a limit and was stopped).
@@ -592,12 +597,15 @@ class RunManager:
         tools.disabled_by_run[run.host_run_id] = await disabled_capabilities_for(gateway, run.actor_id, run.agent_id)
 
     def _observe(self, event: Any) -> None:
-        """Note tool calls and changed files of active runs (summaries only, bounded)."""
-        if event.kind not in ("tool.completed", "files.changed"):
+        """Note tool calls and changed files of active runs (summaries only, bounded), and follow
+        the agent's own tool calls for their receipts."""
+        if event.kind not in OBSERVED_KINDS:
             return
         active = self._active.get(event.host_run_id)
         if active is None:
             return
+        if event.source not in NOT_AGENT_SOURCES and event.kind != "files.changed":
+            self._follow_agent_tool(active, event)
         payload = event.payload
         if event.kind == "tool.completed" and len(active.tools) < TURN_TOOLS_KEPT:
             active.tools.append(
@@ -607,6 +615,37 @@ class RunManager:
             for change in payload.get("changes") or ():
                 if len(active.files) < TURN_FILES_KEPT and isinstance(change, dict) and change.get("path"):
                     active.files[str(change["path"])] = None
+
+    def _follow_agent_tool(self, active: ActiveRun, event: Any) -> None:
+        """Feed a tool event the agent reported to the run's ledger; a finished call's receipt
+        is stored before the journal's next group commit (without an await here)."""
+        ledger = active.agent_tools
+        if ledger is None:
+            ledger = active.agent_tools = AgentToolLedger(active.run)
+        if ledger.observe(event) and not ledger.store_scheduled:
+            ledger.store_scheduled = True
+            self.journal.write_behind(ledger.store, self.storage)
+
+    async def _store_agent_receipts(self, active: ActiveRun) -> None:
+        """Before the terminal event: receipt the agent's unfinished calls and store every receipt
+        of the run, so a client that saw the run end finds them all."""
+        self.journal.publish()  # the runtime's last events reach `_observe` first
+        ledger = active.agent_tools
+        if ledger is None:
+            return
+        ledger.close()
+        if not ledger.pending:
+            return
+        try:
+            await self.journal.write(ledger.store, self.storage)
+        except asyncio.CancelledError:
+            # A shutdown cancelled the run while it stored them: it must still end (its terminal
+            # event); the write goes on in its worker.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+        except Exception:
+            log.exception("could not store the agent tool receipts of run %s", active.run.host_run_id)
 
     async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
         """Read, change and store the session's record in one worker call (one round trip)."""
@@ -655,6 +694,7 @@ class RunManager:
         payload: dict[str, Any] = {"status": status, **outcome.detail}
         if reason:
             payload["reason"] = reason
+        await self._store_agent_receipts(active)
         await self.journal.append(run.host_run_id, TERMINAL_KIND_BY_STATUS[status], payload)
         # One log line per run end, in the run's context (hostRunId, sessionId, agentId).
         log.log(

@@ -596,6 +596,8 @@ class ToolFacade:
         receipt: dict[str, Any] = {
             "schema": RECEIPT_SCHEMA,
             "receiptId": "rcpt_" + secrets.token_hex(12),
+            "source": "gateway",
+            "agentId": scope.run.agent_id,
             "toolCallId": call.id,
             "hostRunId": scope.run.host_run_id,
             "actorId": scope.actor_id,

@@ -275,7 +275,11 @@ async def test_agent_queries_knowledge_over_mcp_and_events_carry_citations(
     response = await client.get(f"/v1/runs/{run_id}/receipts")
     assert response.status == 200, await response.text()
     receipts = seen.add(await response.json())["receipts"]
-    assert len(receipts) == 1, receipts
+    # The facade's receipt, then the agent's own report of the call (source agent, no result).
+    assert [(r["source"], r.get("kind"), r["status"]) for r in receipts] == [
+        ("gateway", None, "completed"),
+        ("agent", "search", "completed"),
+    ], receipts
     receipt = receipts[0]
     assert receipt["receiptId"] == facade_completed["receiptId"]
     assert (receipt["tool"], receipt["allowed"], receipt["caller"]) == ("knowledge_rag.query", True, "mcp")
@@ -315,9 +319,13 @@ async def test_agent_reads_a_workspace_file_over_mcp(make_gateway: MakeGateway, 
     result = json.loads(final_text(events))
     assert (result["path"], result["text"]) == ("notes/a.md", NOTE_TEXT)
     receipts = (await (await client.get(f"/v1/runs/{run_id}/receipts")).json())["receipts"]
-    assert [(r["tool"], r["allowed"], r["caller"], r["path"]) for r in receipts] == [
+    gateway_receipts = [r for r in receipts if r["source"] == "gateway"]
+    assert [(r["tool"], r["allowed"], r["caller"], r["path"]) for r in gateway_receipts] == [
         ("workspace.read_file", True, "mcp", "notes/a.md")
     ]
+    [reported] = [r for r in receipts if r["source"] == "agent"]  # the agent's own tool_call
+    assert (reported["title"], reported["kind"], reported["status"]) == ("workspace.read_file", "fetch", "completed")
+    assert reported["inputSummary"] == json.dumps(arguments, separators=(",", ":"))
 
     # The same live binding (and lease) serves the next turns: the tool list, then a refused path,
     # which is a tool result with isError (the agent's tool call fails), not a JSON-RPC error.
@@ -330,7 +338,8 @@ async def test_agent_reads_a_workspace_file_over_mcp(make_gateway: MakeGateway, 
     check_tool_call(refused, "workspace.read_file", {"path": "../outside.md"}, "failed")
     assert final_text(refused).startswith("path_")
     receipts = (await (await client.get(f"/v1/runs/{refused_id}/receipts")).json())["receipts"]
-    assert [(r["tool"], r["allowed"], r["caller"]) for r in receipts] == [("workspace.read_file", False, "mcp")]
+    assert [(r["source"], r["status"]) for r in receipts] == [("gateway", "denied"), ("agent", "failed")]
+    assert [(r["tool"], r["allowed"], r["caller"]) for r in receipts[:1]] == [("workspace.read_file", False, "mcp")]
     assert len(plugin.entries) == 1  # one session/new: one mcpServers entry for all three turns
     token = lease_token(client)
     assert all(token not in json.dumps(e) for e in events + listed + refused)

@@ -189,13 +189,21 @@ async def test_reasonix_calls_a_gateway_tool_over_mcp(
 
     response = await client.get(f"/v1/runs/{run_id}/receipts")
     receipts = (await response.json())["receipts"]
-    assert len(receipts) == 1, receipts
-    receipt = receipts[0]
+    # The facade's receipt, then Reasonix's own report of its `use_capability` call.
+    assert [r["source"] for r in receipts] == ["gateway", "agent"], receipts
+    receipt, reported = receipts
     assert receipt["receiptId"] == completed["receiptId"]
     assert (receipt["tool"], receipt["allowed"], receipt["caller"]) == ("workspace.read_file", True, "mcp")
     assert (receipt["actorId"], receipt["workspaceId"], receipt["path"]) == ("local", "ws", NOTE)
     run = await (await client.get(f"/v1/runs/{run_id}")).json()
     assert receipt["agentSessionId"] == run["providerRunId"]
+    assert (reported["agentId"], reported["status"], reported["toolCallId"]) == (
+        "reasonix",
+        "completed",
+        agent_events[0]["payload"]["toolCallId"],
+    )
+    assert "mcp-tool:gateway/workspace.read_file" in reported["inputSummary"]
+    assert reported["agentSessionId"] == run["providerRunId"]
 
     # The tool's result reached the model, as the tool message of the last LLM request.
     last = [r for r in fake_llm.requests if r.get("stream")][-1]
@@ -220,6 +228,8 @@ async def test_reasonix_calls_a_gateway_tool_over_mcp(
     mode = next(e for e in events2 if e["kind"] == "session.info.updated")["payload"]["sessionMode"]
     assert mode == "native_live"
     receipts2 = (await (await client.get(f"/v1/runs/{run_id2}/receipts")).json())["receipts"]
-    assert [(r["tool"], r["allowed"]) for r in receipts2] == [("workspace.read_file", True)]
+    assert [(r["source"], r.get("tool"), r.get("allowed")) for r in receipts2][:1] == [
+        ("gateway", "workspace.read_file", True)
+    ]
     assert lease_token(client) == token
     assert json.dumps(receipts2[0]).count(run_id2) == 1  # attributed to the second run, not the first

@@ -16,6 +16,7 @@ gateway's workspace tools work through MCP and change the file on disk, with rec
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from importlib import metadata
@@ -247,13 +248,20 @@ async def test_tool_outside_the_surface_fails_and_the_run_ends(
         Reply(tool_calls=[{"name": "bash", "arguments": {"command": "cat /etc/passwd"}}]), Reply(text="no shell")
     )
     client = await start(make_gateway, fake_llm, pi_home)
-    _, events = await run_to_end(client, body("s-" + uuid.uuid4().hex[:8], "run a command"), timeout=TURN_TIMEOUT)
+    created, events = await run_to_end(client, body("s-" + uuid.uuid4().hex[:8], "run a command"), timeout=TURN_TIMEOUT)
     assert events[-1]["event"] == "run.completed"
     completed = [e["data"]["payload"] for e in events if e["event"] == "tool.completed"]
     assert completed and completed[0]["tool"] == "bash" and completed[0]["status"] == "failed"
     assert "not found" in completed[0]["result"]
     assert "tool.started" in kinds(events)
     assert text_of(events) == "no shell"
+    # The call Pi reported is on the run's audit trail (source agent), its result is not.
+    receipts = (await (await client.get(f"/v1/runs/{created['hostRunId']}/receipts")).json())["receipts"]
+    assert [(r["source"], r["agentId"], r["tool"], r["status"]) for r in receipts] == [
+        ("agent", "pi-lab", "bash", "failed")
+    ]
+    assert receipts[0]["inputSummary"] == '{"command":"cat /etc/passwd"}'
+    assert "not found" not in json.dumps(receipts)
 
 
 async def test_model_error_fails_with_pis_words(make_gateway: MakeGateway, fake_llm: FakeOpenAI, pi_home: Path) -> None:

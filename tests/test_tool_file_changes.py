@@ -124,7 +124,12 @@ async def test_a_tool_write_lands_on_its_run_before_it_ends_and_on_no_other_run(
         assert change["afterVersion"]["sha256"] == hashlib.sha256(TEXT.encode()).hexdigest()
         assert reported["data"]["payload"]["workspaceId"] == WS
         receipts = (await (await client.get(f"/v1/runs/{writer_id}/receipts")).json())["receipts"]
-        assert [(r["receiptId"], r["tool"], r["path"]) for r in receipts] == [
+        # The facade's receipt, then the agent's own report of that call (its tool_call).
+        assert [(r["source"], r.get("title")) for r in receipts] == [
+            ("gateway", None),
+            ("agent", "workspace.write_file"),
+        ]
+        assert [(r["receiptId"], r["tool"], r["path"]) for r in receipts[:1]] == [
             (receipt_id, "workspace.write_file", "notes/made.md")
         ]
 

@@ -63,6 +63,16 @@ Behaviours:
     replies with the tool names, one a line. An MCP or transport error is the
     reply ``"mcp error: ..."`` (the turn still ends with ``end_turn``).
 
+Every behaviour also answers the prompt ``native <json>`` (the message after any gateway
+preamble) by reporting tool calls it "runs itself", as raw ``session/update`` lines: for each of
+``{"calls": [{"kind", "title", "locations"?, "rawInput"?, "updates"?: [{...}], "final"?}], "repeat"?:
+N, "padTitle"?: N}`` it sends a ``tool_call`` (status ``pending``, the title followed by ``padTitle``
+``t`` characters), then each of ``updates`` as a ``tool_call_update``, then a ``tool_call_update``
+with status ``final`` (default ``completed``; null: the call is left unfinished) and a ``rawOutput``;
+the whole list ``repeat`` times (ids ``native-<turn>-<round>-<index>``, or the call's ``id``). The
+reply is ``native: <count> calls``; ``"then": "<prompt>"`` goes on with that prompt's work in the
+same turn (e.g. ``call <tool> <json>`` with the ``mcp`` behaviour).
+
 ``--session-delete`` makes any behaviour declare ``sessionCapabilities.delete`` and answer
 ``session/delete`` (forgets the session and removes its state file; an unknown id is ``-32002``).
 Without it ``session/delete`` is "method not found".
@@ -400,6 +410,9 @@ class FakeAgent:
 
     async def _turn(self, state: SessionState, text: str) -> tuple[str, str]:
         sid = state.session_id
+        native = await self._native(state, text)
+        if native is not None:
+            return native
         handler = getattr(self, f"_turn_{self.behaviour}", None)
         if handler is not None:
             result = await handler(state, text)
@@ -446,6 +459,44 @@ class FakeAgent:
         reply = f"permission: {choice}"
         await self._say(sid, update_agent_message_text(reply))
         return reply, "cancelled" if state.cancel.is_set() else "end_turn"
+
+    async def _native(self, state: SessionState, text: str) -> tuple[str, str] | None:
+        """``native <json>``: report tool calls the agent ran itself (see the module docstring)."""
+        command = text.strip().split("\n\n")[-1].strip()
+        name, _, raw = command.partition(" ")
+        if name != "native":
+            return None
+        sid = state.session_id
+        spec = json.loads(raw)
+        pad = "t" * int(spec.get("padTitle", 0))
+        count = 0
+        for round_ in range(int(spec.get("repeat", 1))):
+            for index, call in enumerate(spec.get("calls") or []):
+                call_id = str(call.get("id") or f"native-{len(state.history) + 1}-{round_}-{index}")
+                update: dict[str, Any] = {
+                    "sessionUpdate": "tool_call",
+                    "toolCallId": call_id,
+                    "title": str(call.get("title", "")) + pad,
+                    "kind": call.get("kind", "other"),
+                    "status": "pending",
+                }
+                for key in ("locations", "rawInput"):
+                    if key in call:
+                        update[key] = call[key]
+                await self._raw_update(sid, update)
+                for fields in call.get("updates") or []:
+                    await self._raw_update(sid, {"sessionUpdate": "tool_call_update", "toolCallId": call_id, **fields})
+                final = call.get("final", "completed")
+                if final:
+                    done = {"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": final}
+                    await self._raw_update(sid, {**done, "rawOutput": {"output": f"output of {call_id}"}})
+                count += 1
+        reply = f"native: {count} calls"
+        await self._say(sid, update_agent_message_text(reply))
+        if spec.get("then"):  # another prompt's work in the same turn (e.g. an MCP call)
+            then, stop = await self._turn(state, str(spec["then"]))
+            return f"{reply}\n{then}", stop
+        return reply, "end_turn"
 
     async def _turn_crash(self, state: SessionState, text: str) -> tuple[str, str]:
         for piece in ("about ", "to ", "crash"):

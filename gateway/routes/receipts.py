@@ -1,9 +1,11 @@
-"""GET /v1/runs/{hostRunId}/receipts: the tool receipts of one run (the actor's own runs only)."""
+"""GET /v1/runs/{hostRunId}/receipts: the tool receipts of one run (the actor's own runs only):
+the gateway facade's and those of the calls the agent reported running itself, in the order the
+calls ended."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -15,6 +17,18 @@ if TYPE_CHECKING:
 RECEIPTS_SCHEMA = "gateway.tool_receipts.v1"
 
 
+def _created_at(receipt: dict[str, Any]) -> int:
+    created = receipt.get("createdAt")
+    return created if isinstance(created, int) and not isinstance(created, bool) else 0
+
+
+def in_call_order(receipts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stored receipts (insertion order) by ``createdAt``, ties in insertion order: an agent's
+    receipt is stored with the journal's next group commit, so it may follow a facade receipt
+    made after it."""
+    return sorted(receipts, key=_created_at)
+
+
 def setup(app: web.Application, gateway: Gateway) -> None:
     async def list_receipts(request: web.Request) -> web.Response:
         run = await gateway.runs.get(request.match_info["host_run_id"], request["actor"])
@@ -22,6 +36,8 @@ def setup(app: web.Application, gateway: Gateway) -> None:
             raise ApiError(404, "run_not_found", "no such run")
         loop = asyncio.get_running_loop()
         receipts = await loop.run_in_executor(gateway.executor, gateway.storage.list_receipts, run.host_run_id)
-        return web.json_response({"schema": RECEIPTS_SCHEMA, "hostRunId": run.host_run_id, "receipts": receipts})
+        return web.json_response(
+            {"schema": RECEIPTS_SCHEMA, "hostRunId": run.host_run_id, "receipts": in_call_order(receipts)}
+        )
 
     app.router.add_get("/v1/runs/{host_run_id}/receipts", list_receipts)
