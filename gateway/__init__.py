@@ -75,6 +75,12 @@ _EXPORTS: dict[str, str] = {
     # several instances on one database (the cluster_coordinator hook)
     "Coordinator": "agent_gateway.cluster",
     "NotOwner": "agent_gateway.cluster",
+    # confining agent processes (the sandbox_agent hook)
+    "AgentLaunch": "agent_gateway.sandbox",
+    "SandboxedCommand": "agent_gateway.sandbox",
+    "SandboxUnavailable": "agent_gateway.sandbox",
+    "SandboxError": "agent_gateway.sandbox",
+    "endpoint_of_url": "agent_gateway.sandbox",
 }
 
 # public names that differ from the internal one
@@ -133,6 +139,11 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "read_json",
     "Coordinator",
     "NotOwner",
+    "AgentLaunch",
+    "SandboxedCommand",
+    "SandboxUnavailable",
+    "SandboxError",
+    "endpoint_of_url",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
@@ -158,6 +169,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.plugin_host import PluginError
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
+    from agent_gateway.sandbox import AgentLaunch, SandboxedCommand, SandboxError, SandboxUnavailable, endpoint_of_url
     from agent_gateway.sessions import (
         SHORT_REPLY_WARNING,
         SessionStrategy,

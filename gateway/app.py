@@ -34,6 +34,8 @@ from agent_gateway.routes import preferences as preferences_routes
 from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.runs import RunManager
 from agent_gateway.runtime import Runtime
+from agent_gateway.sandbox import Sandbox
+from agent_gateway.sandbox.egress import SandboxNetwork
 from agent_gateway.sse import StreamStats
 from agent_gateway.tools import ToolFacade
 from agent_gateway.watcher import Watcher
@@ -149,6 +151,20 @@ class Gateway:
             "files": AgentFiles(self.tools),
         }
         self.services["mcp_servers_for"] = mcp_servers_for(self)
+        # Agent processes start confined ([sandbox]): their network reaches the gateway only through
+        # sockets of its own (an allow-listing egress proxy, and an MCP-only server).
+        mcp_only = web.Application(client_max_size=self.max_body_bytes)
+        mcp_http.setup(mcp_only, self)
+        self.sandbox_network = SandboxNetwork(mcp_only)
+        self.sandbox = Sandbox(
+            config.section("sandbox"),
+            plugins,
+            data_dir=self.data_dir,
+            config_path=Path(config.path).resolve() if config.path else None,
+            egress=self.sandbox_network.open_egress,
+            mcp_socket=self.sandbox_network.mcp_socket,
+        )
+        self.services["sandbox"] = self.sandbox
         # Where agents call back (MCP). Never taken from a request's Host header: the configured
         # public URL, else the launcher sets the listening URL, else (an embedding app's own
         # runner) the local address of the first accepted connection. The key is always present,
@@ -252,6 +268,7 @@ class Gateway:
                 await runtime.close()
             except Exception:
                 log.exception("runtime %s failed to close", runtime.agent_id)
+        await self.sandbox_network.close()
         await self.plugins.shutdown(app)
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()

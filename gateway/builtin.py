@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from agent_gateway import sandbox
 from agent_gateway.acp import agents as acp_agents
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Event, now_ms
@@ -51,6 +52,12 @@ def session_strategy(runtime: Any, config: Any) -> Any:
 def config_sections(register: Callable[..., None]) -> None:
     spec = acp_agents.SECTION_SPEC
     register(spec.name, spec.defaults, spec.validate, spec.doc, tables=True, table_id=spec.table_id)
+    register(
+        sandbox.SECTION,
+        sandbox.SECTION_DEFAULTS,
+        sandbox.validate_section,
+        "How agent processes are confined (the sandbox_agent hook; bubblewrap built in).",
+    )
 
 
 @hookimpl(trylast=True)

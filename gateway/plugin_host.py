@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from agent_gateway.config import Config
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy
+    from agent_gateway.sandbox import AgentLaunch
     from agent_gateway.sessions import SessionStrategy
     from agent_gateway.storage import Storage
     from agent_gateway.tools import Tool, ToolCall
@@ -158,6 +159,11 @@ class PluginHost:
     def session_strategy(self, runtime: Runtime, config: Config | None) -> SessionStrategy | None:
         strategy: SessionStrategy | None = self.pm.hook.session_strategy(runtime=runtime, config=config)
         return strategy
+
+    def sandbox_agent(self, launch: AgentLaunch) -> Any:
+        """A :class:`agent_gateway.SandboxedCommand` (or an awaitable of one), a
+        :class:`agent_gateway.SandboxUnavailable`, or None when no plugin confines agents."""
+        return self.pm.hook.sandbox_agent(launch=launch)
 
     def tools(self, config: Config) -> list[Tool]:
         return self._collect(self.pm.hook.register_tools, config=config)

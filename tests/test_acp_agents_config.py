@@ -70,6 +70,7 @@ command = {toml_list(agent_command("replay"))}
 display_name = "{DISPLAY_NAME}"
 provider = "fake-vendor"
 env = {{ FAKE_ACP_STATE_DIR = "{state}", SECTION_ONLY = "from-the-section" }}
+sandbox_writable = ["{state}"]
 initialize_timeout = 30.0
 session_timeout = 30.0
 prompt_timeout = 60.0

@@ -61,7 +61,9 @@ class FakeAcpPlugin:
             "FAKE_ACP_DELAY": str(delay),
             "FAKE_ACP_STATE_DIR": str(state_dir) if state_dir is not None else "",
         }
-        self.spec = spec
+        # The agent keeps its sessions there: a folder it may write from its sandbox.
+        self.spec = {"writable": [state_dir]} if state_dir is not None else {}
+        self.spec.update(spec)
         self.runtime: AcpRuntime | None = None
 
     @hookimpl
@@ -75,7 +77,10 @@ class FakeAcpPlugin:
 
 
 async def gateway_with(make_gateway: MakeGateway, *plugins: FakeAcpPlugin, data_dir: Path | None = None) -> TestClient:
-    return await make_gateway(extra_plugins=plugins, data_dir=data_dir)
+    # A test that compares the agent's own pids with the gateway's (FAKE_ACP_STARTED) runs it
+    # unconfined: inside its sandbox an agent has a PID namespace of its own.
+    overrides = {"sandbox": {"mode": "off"}} if any("FAKE_ACP_STARTED" in p.env for p in plugins) else {}
+    return await make_gateway(extra_plugins=plugins, data_dir=data_dir, overrides=overrides)
 
 
 def runtime_of(client: TestClient, agent_id: str = AGENT) -> AcpRuntime:

@@ -328,7 +328,8 @@ async def test_acp_agent_session_delete_when_the_agent_declares_it(make_gateway:
     def agent(agent_id: str, *flags: str) -> AcpRuntime:
         command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", "replay", *flags]
         env = {"FAKE_ACP_STATE_DIR": str(state)}
-        return AcpRuntime(AcpAgentSpec(agent_id, agent_id, "tests", command, env=env, session_timeout=WAIT))
+        spec = AcpAgentSpec(agent_id, agent_id, "tests", command, env=env, session_timeout=WAIT, writable=[state])
+        return AcpRuntime(spec)
 
     class AcpAgents:
         @hookimpl

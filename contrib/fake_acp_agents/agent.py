@@ -73,6 +73,12 @@ the whole list ``repeat`` times (ids ``native-<turn>-<round>-<index>``, or the c
 reply is ``native: <count> calls``; ``"then": "<prompt>"`` goes on with that prompt's work in the
 same turn (e.g. ``call <tool> <json>`` with the ``mcp`` behaviour).
 
+Every behaviour also answers ``probe <json>`` by trying, with the agent's own powers, what a hostile
+prompt would ask of it, and replying ``probe: <json>`` with what each attempt gave (``ok:...`` or
+``error:<exception>:...``): ``{"read": [paths], "write": {path: text}, "listdir": [paths],
+"connect": [[host, port]], "http": [[url, {headers}]], "env": [names], "whoami": true, "pids":
+true}`` (the sandbox tests).
+
 ``--session-delete`` makes any behaviour declare ``sessionCapabilities.delete`` and answer
 ``session/delete`` (forgets the session and removes its state file; an unknown id is ``-32002``).
 Without it ``session/delete`` is "method not found".
@@ -413,6 +419,9 @@ class FakeAgent:
         native = await self._native(state, text)
         if native is not None:
             return native
+        probe = await self._probe(state, text)
+        if probe is not None:
+            return probe
         handler = getattr(self, f"_turn_{self.behaviour}", None)
         if handler is not None:
             result = await handler(state, text)
@@ -459,6 +468,19 @@ class FakeAgent:
         reply = f"permission: {choice}"
         await self._say(sid, update_agent_message_text(reply))
         return reply, "cancelled" if state.cancel.is_set() else "end_turn"
+
+    async def _probe(self, state: SessionState, text: str) -> tuple[str, str] | None:
+        """``probe <json>``: try, with the agent's own powers, what a hostile prompt would ask (see
+        the module docstring); the reply is one JSON object of what each attempt gave."""
+        command = text.strip().split("\n\n")[-1].strip()
+        name, _, raw = command.partition(" ")
+        if name != "probe":
+            return None
+        spec = json.loads(raw)
+        result = await asyncio.to_thread(run_probe, spec)
+        reply = "probe: " + json.dumps(result, sort_keys=True)
+        await self._say(state.session_id, update_agent_message_text(reply))
+        return reply, "end_turn"
 
     async def _native(self, state: SessionState, text: str) -> tuple[str, str] | None:
         """``native <json>``: report tool calls the agent ran itself (see the module docstring)."""
@@ -871,6 +893,50 @@ def _with_session_delete(agent: FakeAgent) -> None:
         return router
 
     connection.build_agent_router = build_with_delete  # type: ignore[assignment]
+
+
+def _attempt(action: Any) -> str:
+    try:
+        return "ok:" + str(action())[:300]
+    except Exception as exc:  # what the attempt met is the answer
+        return f"error:{type(exc).__name__}:{exc}"[:300]
+
+
+def run_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """``read`` paths, ``write`` {path: text}, ``listdir`` paths, ``connect`` [host, port] pairs,
+    ``http`` [url, {headers}] pairs, ``env`` names, ``whoami``, ``pids`` (what /proc shows)."""
+    import socket
+    import urllib.request
+
+    out: dict[str, Any] = {}
+    for path in spec.get("read", []):
+        out[f"read {path}"] = _attempt(lambda p=path: Path(p).read_text(encoding="utf-8", errors="replace"))
+    for path, body in (spec.get("write") or {}).items():
+        out[f"write {path}"] = _attempt(lambda p=path, b=body: Path(p).write_text(b, encoding="utf-8"))
+    for path in spec.get("listdir", []):
+        out[f"listdir {path}"] = _attempt(lambda p=path: sorted(os.listdir(p)))
+    for host, port in spec.get("connect", []):
+        out[f"connect {host}:{port}"] = _attempt(lambda h=host, p=port: socket.create_connection((h, p), 3).close())
+    for url, headers in spec.get("http", []):
+
+        def fetch(url: str = url, headers: dict[str, str] = headers) -> str:
+            request = urllib.request.Request(url, headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=5) as response:
+                    return f"{response.status} {response.read(300).decode('utf-8', 'replace')}"
+            except urllib.error.HTTPError as exc:
+                return f"{exc.code} {exc.read(300).decode('utf-8', 'replace')}"
+
+        out[f"http {url}"] = _attempt(fetch)
+    for name in spec.get("env", []):
+        out[f"env {name}"] = os.environ.get(name)
+    if spec.get("whoami"):
+        out["uid"] = os.getuid()
+        out["home"] = os.environ.get("HOME")
+        out["cwd"] = os.getcwd()
+    if spec.get("pids"):
+        out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

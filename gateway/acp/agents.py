@@ -27,8 +27,9 @@ TABLE_DEFAULTS: dict[str, Any] = {
     "display_name": "",
     # Who provides the agent (the descriptor's `provider`). Empty: the agent id.
     "provider": "",
-    # Where the agent process runs: "workspace" (the run's workspace root), "gateway"
-    # (<data_dir>/runtimes/<agent-id>) or an absolute directory.
+    # Where the agent process runs: "workspace" (the run's workspace root), "gateway" (the agent's
+    # per-actor home, <data_dir>/agent-homes/<agent-id>/<actor>) or an absolute directory (shared
+    # by every actor; bound read-write into the sandbox).
     "process_dir": "workspace",
     # The default of the agent's `model` field (sent as its `model` config option when it offers one).
     "model": "",
@@ -64,12 +65,8 @@ def configured_runtimes(config: Config) -> list[AcpRuntime]:
     for agent_id, table in config.section(SECTION).items():
         if not table["enabled"]:
             continue
-        process_dir: Path | None
-        if table["process_dir"] == "workspace":
-            process_dir = None
-        elif table["process_dir"] == "gateway":
-            process_dir = config.data_dir / "runtimes" / agent_id
-        else:
+        process_dir: Path | None = None
+        if table["process_dir"] not in ("workspace", "gateway"):
             process_dir = Path(table["process_dir"]).expanduser()
         spec = AcpAgentSpec(
             agent_id=agent_id,
@@ -77,6 +74,7 @@ def configured_runtimes(config: Config) -> list[AcpRuntime]:
             provider=table["provider"] or agent_id,
             env={name: str(value) for name, value in table["env"].items()},
             process_dir=process_dir,
+            process_in_home=table["process_dir"] == "gateway",
             replay_ignore_prefixes=tuple(table["replay_ignore_prefixes"]),
             **spec_options(table, default_model=table["model"]),
         )

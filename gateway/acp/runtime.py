@@ -48,7 +48,17 @@ from agent_gateway.acp.client import (
 from agent_gateway.acp.mapping import coalesce_updates, extract_text, map_update
 from agent_gateway.capacity import ProcessCapacity, ProcessUse
 from agent_gateway.environment import agent_environment
+from agent_gateway.paths import allowed_roots_of
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
+from agent_gateway.sandbox import (
+    AgentLaunch,
+    Sandbox,
+    SandboxedCommand,
+    parse_endpoint,
+    program_paths,
+    safe_name,
+    unconfined,
+)
 from agent_gateway.sessions import (
     SHORT_REPLY_WARNING,
     cold_resume_packet,
@@ -82,8 +92,23 @@ class AcpAgentSpec:
     # Where the agent process runs (its config files live there); None: the workspace root.
     process_dir: Path | None = None
     policy: RuntimePolicy = field(default_factory=RuntimePolicy)
-    # Called with the process dir before each process start (write config files, ...).
+    # Called with the agent's per-actor home before each process start (write config files, ...).
     prepare: Callable[[Path], None] | None = None
+    # Run the process in the per-actor home (its config files live there) instead of `process_dir`
+    # or the workspace.
+    process_in_home: bool = False
+    # Where the per-actor homes live (<homes_root>/<actor>); None: the gateway's
+    # <data_dir>/agent-homes/<agent-id>/.
+    homes_root: Path | None = None
+    # Environment variables set to the per-actor home (besides HOME), e.g. ("HERMES_HOME",).
+    home_env: tuple[str, ...] = ()
+    # (host, port) endpoints the agent may reach from its sandbox (its model endpoint...).
+    network: list[tuple[str, int]] = field(default_factory=list)
+    # More paths the agent may read inside its sandbox (its install is found from `command`).
+    read_only: list[Path] = field(default_factory=list)
+    # Folders every actor's process of this agent may write besides its home and the run's allowed
+    # roots (shared across actors: each one weakens the per-actor separation).
+    writable: list[Path] = field(default_factory=list)
     # Replayed user messages starting with one of these are the agent's own context, not history.
     replay_ignore_prefixes: tuple[str, ...] = ()
     # Tool kinds (ACP tool_call.kind) whose permission requests are allowed without asking.
@@ -130,6 +155,14 @@ SECTION_DEFAULTS: dict[str, Any] = {
     # 0: no limit (a prompt may run as long as the agent works; cancel still stops it).
     "prompt_timeout": 0.0,
     "cancel_grace": 10.0,
+    # host:port endpoints the agent may reach from its sandbox besides its model endpoint (which a
+    # runtime plugin adds itself) and the gateway's MCP surface.
+    "network": [],
+    # Paths the agent may read inside its sandbox besides its own install (found from `command`).
+    "sandbox_read_only": [],
+    # Folders the agent may write besides its per-actor home and the run's allowed roots; shared by
+    # every actor, so each one weakens the separation between actors.
+    "sandbox_writable": [],
 }
 
 _POSITIVE_KEYS = (
@@ -162,6 +195,14 @@ def validate_section(section: dict[str, Any]) -> list[tuple[str, str]]:
             problems.append((f"env.{name}", "must be a string (or a number)"))
     if not all(isinstance(kind, str) for kind in section["auto_allow_kinds"]):
         problems.append(("auto_allow_kinds", "must be a list of ACP tool kinds (strings)"))
+    for index, endpoint in enumerate(section["network"]):
+        try:
+            parse_endpoint(str(endpoint))
+        except ValueError as exc:
+            problems.append((f"network[{index}]", str(exc)))
+    for key in ("sandbox_read_only", "sandbox_writable"):
+        if not all(isinstance(p, str) and os.path.isabs(os.path.expanduser(p)) for p in section[key]):
+            problems.append((key, "must be a list of absolute paths"))
     for index, server in enumerate(section["mcp_servers"]):
         if not isinstance(server, dict) or not isinstance(server.get("name"), str):
             problems.append((f"mcp_servers[{index}]", "must be a table with a `name` (ACP McpServer)"))
@@ -186,6 +227,9 @@ def spec_options(section: dict[str, Any], default_model: str = "") -> dict[str, 
         "session_timeout": float(section["session_timeout"]),
         "prompt_timeout": prompt_timeout if prompt_timeout > 0 else None,
         "cancel_grace": float(section["cancel_grace"]),
+        "network": [parse_endpoint(str(e)) for e in section["network"]],
+        "read_only": [Path(os.path.expanduser(p)) for p in section["sandbox_read_only"]],
+        "writable": [Path(os.path.expanduser(p)) for p in section["sandbox_writable"]],
         "fields": [
             {"key": "model", "label": "Model", "kind": "string", "default": default_model},
             {"key": "profile", "label": "Profile", "kind": "string", "default": ""},
@@ -224,6 +268,9 @@ class Binding:
         self.last_used = time.monotonic()
         self.evict_handle: asyncio.TimerHandle | None = None
         self.config_options: list[dict[str, Any]] = []
+        # The gateway URL the agent calls its MCP surface on from inside its sandbox (None: the gateway's).
+        self.mcp_base_url: str | None = None
+        self.confinement = ""
 
     @property
     def alive(self) -> bool:
@@ -402,40 +449,113 @@ class AcpRuntime:
         return sum(1 for b in self._bindings.values() if b.alive)
 
     # -- processes ----------------------------------------------------------------------------
-    def _workspace_dir(self, turn: Turn) -> Path:
+    def _workspace_dir(self, turn: Turn) -> Path | None:
+        """The configured folder of the run's workspace; None when it has none."""
         root = (turn.services.get("workspace_roots") or {}).get(turn.run.workspace_id)
-        if root is not None:
-            return Path(root)
+        return Path(root) if root is not None else None
+
+    def home_for(self, turn: Turn) -> Path:
+        """The agent's own home for the run's actor (sessions, memory, config never cross actors)."""
+        if self.spec.homes_root is not None:
+            return self.spec.homes_root / safe_name(turn.run.actor_id)
+        sandbox: Sandbox | None = turn.services.get("sandbox")
+        if sandbox is not None:
+            return sandbox.home_for(self.agent_id, turn.run.actor_id)
         data_dir = Path(turn.services.get("data_dir") or ".")
-        path = data_dir / "workspaces" / _safe_name(turn.run.workspace_id)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        return data_dir / "agent-homes" / safe_name(self.agent_id) / safe_name(turn.run.actor_id)
+
+    def _launch(self, turn: Turn) -> AgentLaunch:
+        """What the process for this turn's binding needs: see :class:`agent_gateway.AgentLaunch`."""
+        home = self.home_for(turn)
+        workspace_root = self._workspace_dir(turn)
+        # A run without a workspace folder gets an empty one of the agent's own, never the gateway's.
+        workspace_dir = workspace_root if workspace_root is not None else home / "no-workspace"
+        writable: list[tuple[Path, Path]] = []
+        if workspace_root is not None:
+            roots = [r for r in turn.context.get("allowedRoots") or [] if isinstance(r, str)]
+            for root in allowed_roots_of(workspace_root, roots):
+                if root.absolute is not None:
+                    writable.append((root.absolute, workspace_dir / root.label.rstrip("/")))
+        if self.spec.process_in_home:
+            cwd = home
+        elif self.spec.process_dir is not None:
+            cwd = self.spec.process_dir
+            writable.append((cwd, cwd))
+        else:
+            cwd = workspace_dir
+        for extra in self.spec.writable:
+            writable.append((extra, extra))
+        env = self._environment()
+        env["HOME"] = str(home)
+        for name in self.spec.home_env:
+            env[name] = str(home)
+        data_dir = Path(turn.services.get("data_dir") or ".")
+        read_only = program_paths(self.spec.command, env.get("PATH"), [str(data_dir)])
+        base_url = turn.services.get("base_url")
+        return AgentLaunch(
+            agent_id=self.agent_id,
+            actor_id=turn.run.actor_id,
+            workspace_id=turn.run.workspace_id,
+            command=list(self.spec.command),
+            env=env,
+            cwd=cwd,
+            home=home,
+            workspace_dir=workspace_dir,
+            writable=writable,
+            read_only=[*read_only, *self.spec.read_only],
+            network=list(self.spec.network),
+            mcp_url=str(base_url) if base_url else None,
+        )
+
+    async def _confine(self, turn: Turn, launch: AgentLaunch) -> SandboxedCommand:
+        sandbox: Sandbox | None = turn.services.get("sandbox")
+        await asyncio.to_thread(self._prepare_dirs, launch, sandbox)
+        if sandbox is None:
+            return unconfined(launch, "none: no sandbox service")
+        return await sandbox.confine(launch)
+
+    def _prepare_dirs(self, launch: AgentLaunch, sandbox: Sandbox | None) -> None:
+        for extra in self.spec.writable:
+            if not extra.exists():
+                extra.mkdir(parents=True)
+                if sandbox is not None:
+                    sandbox.prepare_home(extra)  # made here: the agent's user owns it
+        launch.home.mkdir(parents=True, exist_ok=True)
+        launch.workspace_dir.mkdir(parents=True, exist_ok=True)
+        launch.cwd.mkdir(parents=True, exist_ok=True)
+        if self.spec.prepare is not None:
+            self.spec.prepare(launch.home)
+        if sandbox is not None:
+            sandbox.prepare_home(launch.home)
 
     async def _spawn(self, key: BindingKey, turn: Turn) -> Binding:
-        cwd = str(self._workspace_dir(turn))
-        process_dir = self.spec.process_dir or Path(cwd)
-        process_dir.mkdir(parents=True, exist_ok=True)
-        if self.spec.prepare is not None:
-            self.spec.prepare(process_dir)
+        await self._make_room(key.actor_id, turn)
+        launch = self._launch(turn)
+        command = await self._confine(turn, launch)
         binding_box: dict[str, Binding] = {}
         process = AcpProcess(
-            self.spec.command,
-            env=self._environment(),
-            cwd=str(process_dir),
+            command.argv,
+            env=command.env,
+            cwd=command.cwd,
             on_updates=lambda updates: self._on_updates(binding_box["b"], updates),
             on_permission=lambda params: self._on_permission(binding_box["b"], params),
             on_read_text_file=lambda params: self._on_read(binding_box["b"], params),
             on_write_text_file=lambda params: self._on_write(binding_box["b"], params),
             name=self.agent_id,
         )
-        binding = Binding(key, process, cwd)
+        binding = Binding(key, process, str(launch.workspace_dir))
+        binding.mcp_base_url = command.mcp_base_url
+        binding.confinement = command.confinement
         binding_box["b"] = binding
-        await self._make_room(key.actor_id, turn)
         try:
             await process.start()
+            if command.cleanup is not None:
+                _after_exit(process, command.cleanup)
             result = await process.initialize(timeout=self.spec.initialize_timeout)
         except BaseException:
             await process.close()
+            if command.cleanup is not None and process.pid is None:
+                await command.cleanup()
             raise
         self.initialize_result = result
         self._negotiate_policy(result, turn.services.get("plugins"))
@@ -691,7 +811,9 @@ class AcpRuntime:
         servers = list(self.spec.mcp_servers)
         provider = turn.services.get("mcp_servers_for")
         if provider is not None:
-            servers.extend(provider(turn, self.policy))
+            binding = turn.binding
+            inside = getattr(binding, "mcp_base_url", None)
+            servers.extend(provider(turn, self.policy, base_url=inside) if inside else provider(turn, self.policy))
         return servers
 
     # -- turns ----------------------------------------------------------------------------------
@@ -911,6 +1033,23 @@ class AcpSessionStrategy:
 
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         return await runtime.bind(turn)
+
+
+def _after_exit(process: AcpProcess, cleanup: Callable[[], Awaitable[None]]) -> None:
+    """Run the sandbox's cleanup once the agent process is gone."""
+
+    async def wait_then_clean() -> None:
+        try:
+            await process.wait_closed()
+        finally:
+            await cleanup()
+
+    task = asyncio.get_running_loop().create_task(wait_then_clean())
+    _CLEANUPS.add(task)
+    task.add_done_callback(_CLEANUPS.discard)
+
+
+_CLEANUPS: set[asyncio.Task[None]] = set()
 
 
 def _exit_text(error: AcpProcessExited) -> str:

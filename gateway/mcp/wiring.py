@@ -161,10 +161,12 @@ def binding_lease(gateway: Gateway, turn: Turn) -> str:
 def mcp_servers_for(gateway: Gateway) -> Callable[[Turn, RuntimePolicy], list[dict[str, Any]]]:
     """The ``turn.services["mcp_servers_for"]`` provider for ACP runtimes."""
 
-    def provide(turn: Turn, policy: RuntimePolicy) -> list[dict[str, Any]]:
+    def provide(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
+        """``base_url``: where the agent reaches the gateway from inside its sandbox (default: the
+        gateway's own URL)."""
         if not gateway.tools.tools:
             return []
-        base_url = base_url_of(gateway)
+        base_url = base_url or base_url_of(gateway)
         if base_url is None:
             log.warning("no gateway base_url in services: the agent gets no gateway MCP server")
             return []

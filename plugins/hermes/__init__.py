@@ -1,8 +1,9 @@
 """Hermes runtime: `hermes-acp`, an ACP agent over stdio.
 
-Hermes keeps its state under `HERMES_HOME`. With `provider_base_url` set, the plugin gives it a
-gateway-owned home and writes `config.yaml` there (a custom OpenAI-compatible provider);
-otherwise Hermes uses the user's own home and configuration.
+Hermes keeps its state (sessions, memory, its session-search index) under `HERMES_HOME`: the plugin
+gives it one home per actor (`<data_dir>/agent-homes/hermes/<actor>`, or `<hermes_home>/<actor>`),
+so nothing Hermes remembers crosses actors. With `provider_base_url` set it writes `config.yaml`
+there (a custom OpenAI-compatible provider).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from agent_gateway import (
     AcpAgentSpec,
     AcpRuntime,
     RuntimePolicy,
+    endpoint_of_url,
     hookimpl,
     spec_options,
     validate_section,
@@ -29,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
     # When set, the plugin writes Hermes' config.yaml for this OpenAI-compatible endpoint.
     "provider_base_url": "",
     "provider_model": "",
-    # "" = the user's own HERMES_HOME; with provider_base_url: <data_dir>/runtimes/hermes/home.
+    # The folder holding one Hermes home per actor ("": <data_dir>/agent-homes/hermes).
     "hermes_home": "",
     "provider_api_key": "",
     # Hermes looks model metadata up online unless the context length is given.
@@ -74,30 +76,34 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         return
     env = {k: str(v) for k, v in section["env"].items()}
     prepare = None
-    home = section["hermes_home"]
+    network = []
     if section["provider_base_url"]:
-        home_path = Path(home).expanduser() if home else config.data_dir / "runtimes" / "hermes" / "home"
+        endpoint = endpoint_of_url(section["provider_base_url"])
+        network = [endpoint] if endpoint else []
 
-        def prepare(directory: Path) -> None:
+        def prepare(home: Path) -> None:
             write_hermes_config(
-                home_path,
+                home,
                 section["provider_base_url"],
                 section["provider_model"],
                 section["provider_api_key"],
                 int(section["context_length"]),
             )
 
-        env["HERMES_HOME"] = str(home_path)
-    elif home:
-        env["HERMES_HOME"] = str(Path(home).expanduser())
+    options = spec_options(section, default_model=section["provider_model"])
+    options["network"] = [*network, *options["network"]]
+    homes = Path(section["hermes_home"]).expanduser() if section["hermes_home"] else None
     spec = AcpAgentSpec(
         agent_id="hermes",
         display_name="Hermes",
         provider="hermes",
         env=env,
-        process_dir=config.data_dir / "runtimes" / "hermes",
+        # HERMES_HOME is the per-actor home: its sessions, memory and session search never cross actors.
+        process_in_home=True,
+        home_env=("HERMES_HOME",),
+        homes_root=homes,
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
-        **spec_options(section, default_model=section["provider_model"]),
+        **options,
     )
     register(AcpRuntime(spec))

@@ -2,11 +2,11 @@
 
 Reasonix reads `./reasonix.toml` relative to the *session* directory (the workspace root given in
 `session/new`, not its process directory), then `$REASONIX_HOME/config.toml`. With
-`provider_base_url` set, the plugin runs it in a gateway-owned directory, gives it a gateway-owned
-`REASONIX_HOME` (`<process dir>/home` unless the section's `env` names one; its sessions live there
-too) and writes the provider into that `config.toml` (and a `reasonix.toml` in the process
-directory, for `reasonix doctor` run there); otherwise it runs in the workspace with whatever
-configuration the user keeps.
+`provider_base_url` set, the plugin runs it in its per-actor home
+(`<data_dir>/agent-homes/reasonix/<actor>`), which is also its `REASONIX_HOME` (its sessions live
+there, so no actor's sessions reach another's), and writes the provider into that `config.toml`
+(and a `reasonix.toml` beside it, for `reasonix doctor` run there); otherwise it runs in the
+workspace with whatever configuration is in its home.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from agent_gateway import (
     AcpAgentSpec,
     AcpRuntime,
     RuntimePolicy,
+    endpoint_of_url,
     hookimpl,
     spec_options,
     validate_section,
@@ -33,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     # When set, the plugin writes Reasonix's provider configuration for this OpenAI-compatible endpoint.
     "provider_base_url": "",
     "provider_model": "",
-    # "gateway": run in <data_dir>/runtimes/reasonix (needed for provider_base_url);
+    # "gateway": run in the agent's per-actor home (needed for provider_base_url);
     # "workspace": run in the workspace root, using the user's own reasonix.toml there.
     "process_dir": "gateway",
     "provider_api_key_env": "OPENAI_API_KEY",
@@ -80,31 +81,39 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
     section = config.section(SECTION)
     if not section["enabled"]:
         return
-    process_dir = config.data_dir / "runtimes" / "reasonix" if section["process_dir"] == "gateway" else None
+    in_home = section["process_dir"] == "gateway"
     prepare = None
     env = {k: str(v) for k, v in section["env"].items()}
-    if section["provider_base_url"] and process_dir is not None:
+    network = []
+    home_env: tuple[str, ...] = ()
+    if section["provider_base_url"] and in_home:
         # The key variable must be set (Reasonix refuses a provider without it): keep the gateway's own.
         env.setdefault(section["provider_api_key_env"], os.environ.get(section["provider_api_key_env"], "unused"))
         # Reasonix looks for ./reasonix.toml in the session's directory (the workspace), not in its
-        # process directory: the provider must be in the user-level config.toml to apply there.
-        reasonix_home = Path(env.setdefault("REASONIX_HOME", str(process_dir / "home"))).expanduser()
+        # process directory: the provider must be in the user-level config.toml to apply there. Each
+        # actor has its own REASONIX_HOME (its sessions live there), so nothing crosses actors.
+        home_env = ("REASONIX_HOME",)
+        endpoint = endpoint_of_url(section["provider_base_url"])
+        network = [endpoint] if endpoint else []
 
-        def prepare(directory: Path) -> None:
+        def prepare(home: Path) -> None:
             provider = (section["provider_base_url"], section["provider_model"], section["provider_api_key_env"])
-            write_reasonix_toml(directory, *provider)
-            write_reasonix_toml(reasonix_home, *provider, name="config.toml")
+            write_reasonix_toml(home, *provider)
+            write_reasonix_toml(home, *provider, name="config.toml")
 
+    options = spec_options(section, default_model=section["provider_model"])
+    options["network"] = [*network, *options["network"]]
     spec = AcpAgentSpec(
         agent_id="reasonix",
         display_name="Reasonix",
         provider="reasonix",
         env={"REASONIX_TELEMETRY": "off", **env},
-        process_dir=process_dir,
+        process_in_home=in_home,
+        home_env=home_env,
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
         # Reasonix replays its own host-generated context snapshot as a user message.
         replay_ignore_prefixes=("<session-context",),
-        **spec_options(section, default_model=section["provider_model"]),
+        **options,
     )
     register(AcpRuntime(spec))
