@@ -444,6 +444,48 @@ def _cluster_problems(config: Config, plugins: PluginHost) -> list[str]:
     return []
 
 
+@cli.command("doctor")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False))
+def doctor(config_path: str | None) -> None:
+    """Say, per agent, whether and how its processes are confined ([sandbox]), what they may
+    reach and read; exit 1 when an agent could not start (`mode = "required"` and no sandbox)."""
+    import asyncio
+    import os
+
+    from agent_gateway.sandbox import Sandbox, SandboxError
+
+    config, plugins = _load(config_path)
+    section = config.section("sandbox")
+    sandbox = Sandbox(
+        section,
+        plugins,
+        data_dir=config.data_dir,
+        config_path=Path(config.path).resolve() if config.path else None,
+    )
+    who = f"agents run as uid {sandbox.run_as[0]}" if os.geteuid() == 0 else "agents run as the gateway's user"
+    click.echo(f"sandbox: mode {section['mode']!r}; {who} where confined")
+    failed = False
+    for runtime in plugins.runtimes(config):
+        preview = getattr(runtime, "sandbox_preview", None)
+        if preview is None:
+            click.echo(f"{runtime.agent_id}: starts no process the gateway confines (or says nothing of it)")
+            continue
+        launch = preview(config.data_dir)
+        try:
+            command = asyncio.run(sandbox.confine(launch))
+        except SandboxError as exc:
+            failed = True
+            click.echo(f"{runtime.agent_id}: REFUSED: {exc}")
+            continue
+        reach = ", ".join(f"{host}:{port}" for host, port in launch.network) or "nothing but the MCP surface"
+        click.echo(f"{runtime.agent_id}: {'confined' if command.confined else 'NOT CONFINED'}: {command.confinement}")
+        click.echo(f"    home: {launch.home}")
+        click.echo(f"    reaches: {reach}")
+        click.echo(f"    reads: {', '.join(str(p) for p in launch.read_only) or 'the system only'}")
+    if failed:
+        sys.exit(1)
+
+
 @config_group.command("show")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False))
 def config_show(config_path: str | None) -> None:

@@ -53,6 +53,18 @@ WAIT = 20.0
 MakeGateway = Callable[..., Awaitable[TestClient]]
 
 
+# -- agents run as another user --------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _tmp_path_readable_by_agents(request: pytest.FixtureRequest) -> None:
+    """Where the tests run as root, confined agents run as an unprivileged user: a script or
+    state folder a test writes into its ``tmp_path`` (pytest makes it 0700) must be readable by
+    it, as an agent's install is."""
+    if "tmp_path" in request.fixturenames:
+        os.chmod(request.getfixturevalue("tmp_path"), 0o755)
+
+
 # -- SSE and run helpers ---------------------------------------------------------------------------
 
 

@@ -145,6 +145,37 @@ def test_negotiate_runtime_policy_every_implementation_adjusts_the_policy() -> N
     assert policy.to_wire()["promptQueue"] == "agent"
 
 
+async def test_sandbox_agent_first_plugin_confines_and_the_builtin_is_trylast(tmp_path: Path) -> None:
+    """A plugin's `sandbox_agent` wins over the built-in bubblewrap one (trylast); the Sandbox
+    service applies `[sandbox] mode` to what the hook answers."""
+    from agent_gateway import AgentLaunch, SandboxedCommand, SandboxError, SandboxUnavailable
+    from agent_gateway.sandbox import Sandbox
+
+    class Wrapping:
+        @hookimpl
+        def sandbox_agent(self, launch: AgentLaunch) -> SandboxedCommand:
+            return SandboxedCommand(["nsjail", "--", *launch.command], launch.env, str(launch.cwd), "nsjail (test)")
+
+    class Unable:
+        @hookimpl
+        def sandbox_agent(self, launch: AgentLaunch) -> SandboxUnavailable:
+            return SandboxUnavailable("no namespaces here (test)")
+
+    home = tmp_path / "home"
+    launch = AgentLaunch("a", "alice", "w", ["agent"], {}, home, home, home / "no-workspace")
+    host = PluginHost.load(env={}, extra=(Wrapping(),))
+    command = await Sandbox({"mode": "required"}, host, data_dir=tmp_path).confine(launch)
+    assert command.argv == ["nsjail", "--", "agent"] and command.confinement == "nsjail (test)"
+
+    unable = PluginHost.load(env={}, builtins=False, extra=(Unable(),))
+    with pytest.raises(SandboxError, match="no namespaces here"):
+        await Sandbox({"mode": "required"}, unable, data_dir=tmp_path).confine(launch)
+    command = await Sandbox({"mode": "auto"}, unable, data_dir=tmp_path).confine(launch)
+    assert command.argv == ["agent"] and not command.confined
+    off = await Sandbox({"mode": "off"}, host, data_dir=tmp_path).confine(launch)
+    assert off.argv == ["agent"] and not off.confined
+
+
 class FixedStrategy:
     def __init__(self, mode: str = "native_live") -> None:
         self.mode = mode
@@ -662,6 +693,7 @@ async def test_register_setting_fields_appear_in_descriptors_and_validate_prefer
 HOOKS_TESTED = {
     "register_runtimes": test_register_runtimes_agent_is_listed_and_runs_a_turn,
     "negotiate_runtime_policy": test_negotiate_runtime_policy_every_implementation_adjusts_the_policy,
+    "sandbox_agent": test_sandbox_agent_first_plugin_confines_and_the_builtin_is_trylast,
     "session_strategy": test_session_strategy_decides_the_runs_session_mode,
     "register_tools": test_register_tools_collects_every_plugins_tools,
     "tool_call_veto": test_tool_call_veto_first_reason_wins,

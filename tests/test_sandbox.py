@@ -301,3 +301,36 @@ def test_bubblewrap_hides_the_data_dir_inside_a_readable_install(tmp_path: Path)
     assert "gateway.db" not in done.stdout and "tokens" not in done.stdout, done.stdout
     assert "agent-homes" in done.stdout  # the home is mounted on top of the covered data folder
     assert shutil.which("bwrap")
+
+
+def test_doctor_says_how_each_agent_is_confined(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from agent_gateway.cli import cli
+
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f"""
+[gateway]
+data_dir = "{tmp_path / "data"}"
+
+[sandbox]
+mode = "required"
+
+[acp_agents.probe]
+command = ["{sys.executable}", "{FAKE_ACP_AGENT}"]
+network = ["127.0.0.1:8000"]
+""",
+        encoding="utf-8",
+    )
+    done = CliRunner().invoke(cli, ["doctor", "--config", str(config)])
+    assert done.exit_code == 0, done.output
+    assert "sandbox: mode 'required'" in done.output
+    [line] = [line for line in done.output.splitlines() if line.startswith("probe: ")]
+    assert line.startswith("probe: confined: bubblewrap"), line
+    assert "reaches: 127.0.0.1:8000" in done.output
+
+    monkeypatch.setattr(bubblewrap, "_probe_result", ["bubblewrap (bwrap) is not installed (test)"])
+    done = CliRunner().invoke(cli, ["doctor", "--config", str(config)])
+    assert done.exit_code == 1
+    assert "probe: REFUSED:" in done.output and "bwrap" in done.output

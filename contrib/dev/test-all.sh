@@ -40,6 +40,12 @@ if [ ! -x /usr/bin/chromium ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
+# 2b. bubblewrap: the agents' sandbox (the built-in `sandbox_agent`), and setpriv (util-linux) with it.
+if ! command -v bwrap >/dev/null; then
+  echo "== installing bubblewrap"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+fi
+
 # 3. The gateway with its test extras (Playwright for Python among them), and the example plugin's build tools.
 echo "== installing agent-gateway[test]"
 "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]"

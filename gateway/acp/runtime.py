@@ -507,6 +507,26 @@ class AcpRuntime:
             mcp_url=str(base_url) if base_url else None,
         )
 
+    def sandbox_preview(self, data_dir: Path) -> AgentLaunch:
+        """The launch of a process for an actor ``<actor>`` with no workspace (``agent-gateway
+        doctor`` shows how it would be confined)."""
+        homes = self.spec.homes_root or data_dir / "agent-homes" / safe_name(self.agent_id)
+        home = homes / "<actor>"
+        env = self._environment()
+        return AgentLaunch(
+            agent_id=self.agent_id,
+            actor_id="<actor>",
+            workspace_id="<workspace>",
+            command=list(self.spec.command),
+            env=env,
+            cwd=home,
+            home=home,
+            workspace_dir=home / "no-workspace",
+            writable=[(p, p) for p in self.spec.writable],
+            read_only=[*program_paths(self.spec.command, env.get("PATH"), [str(data_dir)]), *self.spec.read_only],
+            network=list(self.spec.network),
+        )
+
     async def _confine(self, turn: Turn, launch: AgentLaunch) -> SandboxedCommand:
         sandbox: Sandbox | None = turn.services.get("sandbox")
         await asyncio.to_thread(self._prepare_dirs, launch, sandbox)

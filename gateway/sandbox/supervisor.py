@@ -17,10 +17,9 @@ runs with ``python -I -S`` and must start in a few milliseconds.
 
 from __future__ import annotations
 
-import argparse
+import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 
@@ -120,24 +119,32 @@ def _listen(address: str) -> list[socket.socket]:
     return sockets
 
 
+def _parse(argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """``--name value`` pairs up to ``--``, then the command. By hand: argparse alone would add a
+    good part of the supervisor's start-up time to every agent's cold start."""
+    options: dict[str, list[str]] = {"--egress": [], "--forward": [], "--proxy": [], "--run-as": []}
+    index = 0
+    while index < len(argv) and argv[index] != "--":
+        name = argv[index]
+        if name not in options or index + 1 >= len(argv):
+            raise SystemExit(f"agent-gateway sandbox supervisor: bad argument {name!r}")
+        options[name].append(argv[index + 1])
+        index += 2
+    return options, argv[index + 1 :]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="agent-gateway-sandbox-supervisor")
-    parser.add_argument("--egress", default="")
-    parser.add_argument("--forward", action="append", default=[])
-    parser.add_argument("--proxy", action="append", default=[])
-    parser.add_argument("--run-as", default="")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    options, command = _parse(sys.argv[1:] if argv is None else argv)
     if not command:
-        parser.error("no command")
-    for spec in args.forward:
+        raise SystemExit("agent-gateway sandbox supervisor: no command")
+    egress = options["--egress"][-1] if options["--egress"] else ""
+    for spec in options["--forward"]:
         address, _, target = spec.partition("=")
         if target.startswith("connect:"):
             host_port = target[len("connect:") :]
 
             def opener(host_port: str = host_port) -> socket.socket:
-                return _connect_via(args.egress, host_port)
+                return _connect_via(egress, host_port)
 
         else:
 
@@ -146,17 +153,17 @@ def main(argv: list[str] | None = None) -> int:
 
         for listener in _listen(address):
             threading.Thread(target=_serve, args=(listener, opener), daemon=True).start()
-    for address in args.proxy:
+    for address in options["--proxy"]:
 
         def proxy_opener() -> socket.socket:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(args.egress)
+            sock.connect(egress)
             return sock
 
         for listener in _listen(address):
             threading.Thread(target=_serve, args=(listener, proxy_opener), daemon=True).start()
-    if args.run_as:
-        uid, _, gid = args.run_as.partition(":")
+    if options["--run-as"]:
+        uid, _, gid = options["--run-as"][-1].partition(":")
         command = [
             "/usr/bin/setpriv",
             f"--reuid={uid}",
@@ -168,23 +175,26 @@ def main(argv: list[str] | None = None) -> int:
             "--",
             *command,
         ]
-    try:
-        child = subprocess.Popen(command)
-    except OSError as exc:
-        print(f"agent-gateway sandbox: cannot start {command[0]}: {exc}", file=sys.stderr)
-        return 127
+    pid = os.fork()
+    if pid == 0:  # the agent: stdin, stdout and stderr are the supervisor's
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            os.write(2, f"agent-gateway sandbox: cannot start {command[0]}: {exc}\n".encode())
+        os._exit(127)
 
     def forward(signum: int, _frame: object) -> None:
         try:
-            child.send_signal(signum)
+            os.kill(pid, signum)
         except OSError:
             pass
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
-    code = child.wait()
-    sys.stdout.flush()
-    return code if code >= 0 else 128 - code
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
 
 
 if __name__ == "__main__":
