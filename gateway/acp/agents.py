@@ -78,6 +78,7 @@ def configured_runtimes(config: Config) -> list[AcpRuntime]:
             env={name: str(value) for name, value in table["env"].items()},
             process_dir=process_dir,
             replay_ignore_prefixes=tuple(table["replay_ignore_prefixes"]),
+            install_hint=f"install it, or set [{SECTION}.{agent_id}] command to its full path",
             **spec_options(table, default_model=table["model"]),
         )
         runtimes.append(AcpRuntime(spec))

@@ -98,6 +98,7 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         process_dir=config.data_dir / "runtimes" / "hermes",
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
+        install_hint="install it with `pip install 'hermes-agent[acp,mcp]'` or set [hermes] command",
         **spec_options(section, default_model=section["provider_model"]),
     )
     register(AcpRuntime(spec))
