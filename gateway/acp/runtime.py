@@ -250,6 +250,19 @@ def binary_available(command: list[str], search_path: str | None = None) -> tupl
     return found is not None, found
 
 
+def prompt_usage(prompt: asyncio.Future[dict[str, Any]]) -> dict[str, int]:
+    """The token counts of a `session/prompt` result's `usage` (ACP: `inputTokens`,
+    `outputTokens`, `totalTokens`, `thoughtTokens`, `cachedReadTokens`, `cachedWriteTokens` for
+    the turn), or {} when the agent sent none."""
+    if not prompt.done() or prompt.cancelled() or prompt.exception() is not None:
+        return {}
+    result = prompt.result()
+    usage = result.get("usage") if isinstance(result, dict) else None
+    if not isinstance(usage, dict):
+        return {}
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+
+
 def missing_binary_reason(spec: AcpAgentSpec, search_path: str | None) -> str:
     """Why the agent cannot start, and what to do about it (the descriptor's availability reason)."""
     program = spec.command[0] if spec.command else "?"
@@ -790,6 +803,9 @@ class AcpRuntime:
             binding.busy = False
             binding.last_used = time.monotonic()
             self.capacity.changed()  # an idle binding may make room for a waiting turn
+        usage = prompt_usage(prompt)
+        if usage:
+            await turn.emit("usage.updated", usage)
         error = prompt.exception() if prompt.done() and not prompt.cancelled() else None
         if isinstance(error, AcpProcessExited):
             await self._close_binding(binding, "agent process exited")
