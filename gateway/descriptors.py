@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ FIELD_KINDS = ("select", "string", "boolean", "integer", "string_list")
 AUTH_LEVELS = ("user", "admin")
 CONTEXT_REFS = ("current_page", "selection", "allowed_roots")
 TOOL_ACCESS_CAPABILITIES = frozenset({"files", "tools", "mcp"})
+# How long an agent's availability (a binary lookup) is believed when runs are created.
+AVAILABILITY_TTL_SECONDS = 10.0
 
 
 def agent_scope(agent_id: str) -> str:
@@ -272,6 +275,14 @@ class DescriptorRegistry:
             off.update(c for t in self.tools.values() for c in t.capability_ids)
         return frozenset(off)
 
+    def _availability(self, agent_id: str, described: Mapping[str, Any]) -> dict[str, Any]:
+        """The descriptor's availability, kept for run creation too (it was just computed)."""
+        availability = availability_of(described)
+        runs = getattr(self.gateway, "runs", None)
+        if runs is not None:
+            runs.availability.store(agent_id, availability)
+        return availability
+
     # -- the descriptor ----------------------------------------------------------------------------
     def describe(self, agent_id: str, values: Mapping[str, Any], *, admin: bool) -> dict[str, Any]:
         runtime = self.gateway.runtimes[agent_id]
@@ -323,13 +334,57 @@ class DescriptorRegistry:
             "tools": tools,
             "toolAccess": static.tool_access,
             "policy": policy.to_wire() if policy is not None else {},
-            "availability": described.get("availability") or {"available": True},
+            "availability": self._availability(agent_id, described),
             "isDefault": values.get("ai.common.defaultAgent") == agent_id,
             **extra,
         }
 
 
+def availability_of(described: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``describe()`` result's availability, always with ``available`` (a runtime that says
+    nothing is available; one that only says ``binaryFound: false`` is not), and with a
+    ``reason`` when it is not available."""
+    raw = described.get("availability")
+    availability = dict(raw) if isinstance(raw, Mapping) else {}
+    available = availability.get("available")
+    if not isinstance(available, bool):
+        available = availability.get("binaryFound") is not False
+    availability["available"] = available
+    reason = availability.get("reason")
+    if not available and (not isinstance(reason, str) or not reason):
+        availability["reason"] = "the runtime reports itself unavailable (see the gateway log)"
+    return availability
+
+
+class AgentAvailability:
+    """Each agent's availability for run creation, from its runtime's ``describe()`` (a binary
+    lookup), computed off the event loop at most once per ``ttl`` seconds per agent: creating a run
+    costs no filesystem lookup while the answer is fresh. ``GET /v1/agents`` refreshes it too."""
+
+    def __init__(self, runtimes: Mapping[str, Any], executor: Any, ttl: float = AVAILABILITY_TTL_SECONDS) -> None:
+        self.runtimes = runtimes
+        self.executor = executor
+        self.ttl = ttl
+        self._known: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def store(self, agent_id: str, availability: dict[str, Any]) -> None:
+        self._known[agent_id] = (time.monotonic() + self.ttl, availability)
+
+    async def get(self, agent_id: str) -> dict[str, Any]:
+        """``{"available", "reason", ...}`` of a registered agent (fresh within ``ttl``)."""
+        known = self._known.get(agent_id)
+        if known is not None and known[0] > time.monotonic():
+            return known[1]
+        loop = asyncio.get_running_loop()
+        described = await loop.run_in_executor(self.executor, _describe, self.runtimes[agent_id])
+        availability = availability_of(described)
+        self.store(agent_id, availability)
+        return availability
+
+
 def _describe(runtime: Any) -> dict[str, Any]:
+    if getattr(runtime, "describe", None) is None:
+        return {}
     try:
         described = runtime.describe()
     except Exception as exc:

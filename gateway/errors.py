@@ -1,5 +1,6 @@
 """JSON errors: every refusal is `{"error": {"code", "message", ...}}` with a 4xx status (503
-`storage_unavailable` while the database is unreachable)."""
+`storage_unavailable` while the database is unreachable, `agent_unavailable` for an agent that
+cannot run here)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class ApiError(Exception):
         self.status = status
         self.code = code
         self.extra = extra
+        # Response headers sent with the error (e.g. ``x-should-retry: false``).
+        self.headers: dict[str, str] = {}
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -73,6 +76,7 @@ def json_error(request: web.Request, exc: Exception) -> web.StreamResponse:
         retry_after = getattr(exc, "retry_after", exc.extra.get("retryAfterSeconds"))
         if isinstance(retry_after, int) and not isinstance(retry_after, bool):
             response.headers["Retry-After"] = str(retry_after)
+        response.headers.update(getattr(exc, "headers", None) or {})
         return response
     if isinstance(exc, StorageUnavailable):  # the database is down: say so, without a traceback per request
         log.warning("storage unavailable on %s %s: %s", request.method, request.path, exc)

@@ -218,6 +218,14 @@ class PluginRoutes:
         """The ids of every registered runtime (what ``GET /v1/agents`` lists), sorted."""
         return sorted(self._gateway.runtimes)
 
+    async def availability(self, agent_id: str) -> dict[str, Any]:
+        """Whether the registered agent ``agent_id`` can run here: ``{"available": bool, "reason":
+        str | None, ...}`` (its descriptor's ``availability``; the reason says what to install or
+        set). :meth:`create_run` refuses a run for an unavailable agent with a 503
+        ``agent_unavailable`` :class:`agent_gateway.ApiError`; a route that lists agents omits or
+        flags them. Cached for a few seconds: cheap to ask per request."""
+        return await self._gateway.runs.availability.get(agent_id)
+
     def runtime(self, agent_id: str) -> Runtime | None:
         """The registered runtime of ``agent_id``, or None."""
         return self._gateway.runtimes.get(agent_id)

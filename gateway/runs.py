@@ -23,6 +23,7 @@ from typing import Any
 
 from agent_gateway.agent_receipts import NOT_AGENT_SOURCES, TOOL_EVENT_KINDS, AgentToolLedger
 from agent_gateway.cluster import Coordinator
+from agent_gateway.descriptors import AgentAvailability
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
 from agent_gateway.locks import KeyedLocks
@@ -65,6 +66,18 @@ class AdmissionRefused(ApiError):
     def __init__(self, code: str, message: str, limit: int, retry_after: int = ADMISSION_RETRY_AFTER_SECONDS) -> None:
         super().__init__(429, code, message, limit=limit, retryAfterSeconds=retry_after)
         self.retry_after = retry_after
+
+
+def agent_unavailable(agent_id: str, availability: dict[str, Any]) -> ApiError:
+    """The refusal of a run for an agent that cannot run here: 503 (the request is right, the
+    gateway cannot serve it until its operator installs or configures the agent), with the
+    descriptor's reason (what to install or set). Clients are told not to retry it."""
+    reason = availability.get("reason") or "the agent is unavailable"
+    error = ApiError(
+        503, "agent_unavailable", f"agent {agent_id!r} is unavailable: {reason}", agentId=agent_id, reason=reason
+    )
+    error.headers = {"x-should-retry": "false"}
+    return error
 
 
 def canonical_hash(value: Any) -> str:
@@ -188,6 +201,8 @@ class RunManager:
         self._journal_day = 0
         self._actor_journal_bytes: dict[str, int] = {}
         self.workspace_access = workspace_access or WorkspaceAccess()
+        # Whether an agent can run at all (its binary, its upstream), believed for a few seconds.
+        self.availability = AgentAvailability(runtimes, executor)
         self._active: dict[str, ActiveRun] = {}
         # Runs admitted but not yet in `_active` (their request key is being looked up), by (actor, session).
         self._admitting: Counter[tuple[str, str]] = Counter()
@@ -223,6 +238,9 @@ class RunManager:
                 f"unknown agentId {request['agentId']!r}",
                 knownAgents=sorted(self.runtimes),
             )
+        availability = await self.availability.get(request["agentId"])
+        if not availability["available"]:
+            raise agent_unavailable(request["agentId"], availability)
         self.workspace_access.require(actor_id, request["workspaceId"])
         if self.coordinator.clustered:  # the session may belong to another instance
             owner = await self.coordinator.session_owner(actor_id, request["sessionId"])

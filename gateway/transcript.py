@@ -278,8 +278,8 @@ def apply_op(state: dict[str, Any], op: dict[str, Any]) -> None:
         if op["agentSessionId"]:
             state["agentSessionId"] = op["agentSessionId"]
         state["modeHistory"].append({"mode": op["mode"], "agentSessionId": op["agentSessionId"], "seq": op["seq"]})
-    elif name == "usage.set":
-        state["usage"] = op["usage"]
+    elif name == "usage.set":  # token counts and context size may come in separate events
+        state["usage"] = {**(state["usage"] or {}), **op["usage"]}
     elif name == "run.begin":
         state["hostRunId"] = state["hostRunId"] or op["hostRunId"]
         state["agentId"] = state["agentId"] or op["agentId"]

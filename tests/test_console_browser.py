@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -395,3 +396,16 @@ async def test_the_transcript_parts_render_on_both_backends(
     await expect(page.locator(".files-changed")).to_have_count(1)
     await page.fill("#search", "fence")
     await expect(page.locator("#sessions .session .snippet mark").first).to_be_visible()
+
+
+async def test_an_unavailable_agent_is_shown_disabled_with_its_reason(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    gateway = await start_gateway(fake_llm.base_url, toml='[reasonix]\ncommand = ["no-such-binary-xyz", "acp"]\n')
+    page = await open_console(browser, gateway.url)
+    option = page.locator("#agent option[value='reasonix']")
+    await expect(option).to_be_disabled()
+    await expect(option).to_have_attribute("title", re.compile(r"npm install -g reasonix"))
+    await expect(option).to_contain_text("unavailable: no-such-binary-xyz not found")
+    await expect(page.locator("#agent option[value='chat-only']")).to_be_enabled()
+    assert await page.locator("#agent").input_value() != "reasonix"

@@ -11,7 +11,10 @@ The prompt ``forget me`` is answered, then the agent forgets that session (as an
 agent that lost its session store would: its next prompt is refused or an error);
 the prompt ``refuse this`` ends at once with ``stopReason: refusal``; the prompt
 ``hold until cancelled`` streams the thought ``holding`` and then waits for
-``session/cancel`` (a turn that stays busy as long as a test wants).
+``session/cancel`` (a turn that stays busy as long as a test wants). A prompt ending
+with ``with usage`` also reports usage as Hermes does: a ``usage_update`` ``{used, size}``
+and ``usage`` ``{inputTokens, outputTokens, thoughtTokens, cachedReadTokens, totalTokens}``
+(words of the prompt and of the reply) in the prompt's result.
 
 Behaviours:
 
@@ -410,7 +413,20 @@ class FakeAgent:
             self._persist(state)
             if text.strip().endswith("forget me"):
                 self.sessions.pop(session_id, None)
-            return {"stopReason": stop}
+            result: dict[str, Any] = {"stopReason": stop}
+            if text.strip().endswith("with usage"):
+                # As Hermes does: the context window in `usage_update`, the turn's tokens in the result.
+                given, taken = len(text.split()), len(reply.split())
+                context = {"sessionUpdate": "usage_update", "used": given + taken, "size": 1000}
+                await self._raw_update(session_id, context)
+                result["usage"] = {
+                    "inputTokens": given,
+                    "outputTokens": taken,
+                    "thoughtTokens": 1,
+                    "cachedReadTokens": 0,
+                    "totalTokens": given + taken,
+                }
+            return result
 
     # ------------------------------------------------------------------ turns
 

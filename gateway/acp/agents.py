@@ -76,6 +76,7 @@ def configured_runtimes(config: Config) -> list[AcpRuntime]:
             process_dir=process_dir,
             process_in_home=table["process_dir"] == "gateway",
             replay_ignore_prefixes=tuple(table["replay_ignore_prefixes"]),
+            install_hint=f"install it, or set [{SECTION}.{agent_id}] command to its full path",
             **spec_options(table, default_model=table["model"]),
         )
         runtimes.append(AcpRuntime(spec))

@@ -132,6 +132,9 @@ class AcpAgentSpec:
     version: str | None = None
     capabilities: list[str] = field(default_factory=lambda: ["chat", "files"])
     fields: list[dict[str, Any]] = field(default_factory=list)
+    # What to do when the command is not found (the descriptor's availability reason), e.g.
+    # "install it with `npm install -g reasonix` or set [reasonix] command".
+    install_hint: str = ""
 
 
 # Keys every ACP section shares: an ACP runtime plugin's section (which adds its own
@@ -294,6 +297,31 @@ def binary_available(command: list[str], search_path: str | None = None) -> tupl
     return found is not None, found
 
 
+def prompt_usage(prompt: asyncio.Future[dict[str, Any]]) -> dict[str, int]:
+    """The token counts of a `session/prompt` result's `usage` (ACP: `inputTokens`,
+    `outputTokens`, `totalTokens`, `thoughtTokens`, `cachedReadTokens`, `cachedWriteTokens` for
+    the turn), or {} when the agent sent none."""
+    if not prompt.done() or prompt.cancelled() or prompt.exception() is not None:
+        return {}
+    result = prompt.result()
+    usage = result.get("usage") if isinstance(result, dict) else None
+    if not isinstance(usage, dict):
+        return {}
+    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
+
+
+def missing_binary_reason(spec: AcpAgentSpec, search_path: str | None) -> str:
+    """Why the agent cannot start, and what to do about it (the descriptor's availability reason)."""
+    program = spec.command[0] if spec.command else "?"
+    if os.sep in program:
+        where = "is not an executable file"
+    else:
+        shown = search_path if search_path is not None else os.environ.get("PATH", "")
+        where = f"not found on the agent's PATH ({shown[:300]}{'…' if len(shown) > 300 else ''})"
+    hint = spec.install_hint or "install it, or give its full path as the first word of the agent's `command`"
+    return f"{program} {where}: {hint}"
+
+
 # First words of a command that are not the agent itself: `<word> --version` would report the
 # interpreter or launcher ("Python 3.11.7"), so such commands are never probed.
 NOT_THE_AGENT = re.compile(
@@ -420,7 +448,7 @@ class AcpRuntime:
             "command": self.spec.command[:1],
             "version": version,
             "versionSource": version_source,
-            "reason": None if available else f"{self.spec.command[0] if self.spec.command else '?'} not found",
+            "reason": None if available else missing_binary_reason(self.spec, environment.get("PATH")),
         }
         if self.agent_info:
             availability["agentInfo"] = dict(self.agent_info)
@@ -917,6 +945,9 @@ class AcpRuntime:
             binding.busy = False
             binding.last_used = time.monotonic()
             self.capacity.changed()  # an idle binding may make room for a waiting turn
+        usage = prompt_usage(prompt)
+        if usage:
+            await turn.emit("usage.updated", usage)
         error = prompt.exception() if prompt.done() and not prompt.cancelled() else None
         if isinstance(error, AcpProcessExited):
             await self._close_binding(binding, "agent process exited")

@@ -155,7 +155,7 @@ function applyOp(t, op) {
       if (op.agentSessionId) t.agentSessionId = op.agentSessionId;
       t.modeHistory.push({ mode: op.mode, agentSessionId: op.agentSessionId, seq: op.seq });
       break;
-    case "usage.set": t.usage = op.usage; break;
+    case "usage.set": t.usage = { ...(t.usage || {}), ...op.usage }; break;
     case "run.begin":
       t.hostRunId = t.hostRunId || op.hostRunId;
       t.agentId = t.agentId || op.agentId;
@@ -464,7 +464,8 @@ async function openSession(sessionId, { quiet = false } = {}) {
   }
   if (state.detail) {
     const last = state.detail.runs[state.detail.runs.length - 1];
-    if (last && state.agents.some((a) => a.agentId === last.receipt.agentId)) selectAgent(last.receipt.agentId);
+    const lastAgent = last && state.agents.find((a) => a.agentId === last.receipt.agentId);
+    if (lastAgent && !(lastAgent.availability && lastAgent.availability.available === false)) selectAgent(lastAgent.agentId);
   }
   renderNow();
   await resumeActiveRun();
@@ -684,8 +685,17 @@ async function loadAgents() {
   const answer = await api("GET", "/v1/agents");
   state.agents = answer.agents;
   const select = $("agent");
-  select.replaceChildren(...state.agents.map((a) => el("option", { value: a.agentId }, a.displayName || a.agentId)));
-  const preferred = state.agentId || (state.agents.find((a) => a.isDefault) || state.agents[0] || {}).agentId;
+  // An agent that cannot run here stays listed, disabled, with what to install or set.
+  const usable = (a) => !a.availability || a.availability.available !== false;
+  select.replaceChildren(...state.agents.map((a) => {
+    const name = a.displayName || a.agentId;
+    if (usable(a)) return el("option", { value: a.agentId }, name);
+    const reason = a.availability.reason || "unavailable";
+    return el("option", { value: a.agentId, disabled: "", title: reason }, `${name} (unavailable: ${reason})`);
+  }));
+  const available = state.agents.filter(usable);
+  const chosen = state.agents.find((a) => a.agentId === state.agentId);
+  const preferred = (chosen && usable(chosen) ? chosen : available.find((a) => a.isDefault) || available[0] || {}).agentId;
   if (preferred) selectAgent(preferred);
 }
 

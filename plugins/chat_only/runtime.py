@@ -148,7 +148,9 @@ class ChatOnlyRuntime:
                 if chunk.get("error"):
                     raise UpstreamError(f"upstream error: {chunk['error'].get('message', chunk['error'])}")
                 if chunk.get("usage"):
-                    await emit("usage.updated", {"usage": chunk["usage"]})
+                    usage = token_usage(chunk["usage"])
+                    if usage:
+                        await emit("usage.updated", usage)
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
                     if delta.get("reasoning_content"):
@@ -167,6 +169,24 @@ class ChatOnlyRuntime:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+def token_usage(usage: Any) -> dict[str, int]:
+    """An OpenAI ``usage`` object in the journal's ``usage.updated`` names (ACP's prompt usage):
+    ``inputTokens`` (cached ones included, as OpenAI counts them), ``outputTokens``,
+    ``totalTokens``, and ``cachedReadTokens`` / ``thoughtTokens`` when the upstream details them."""
+    if not isinstance(usage, dict):
+        return {}
+    prompt = usage.get("prompt_tokens_details")
+    completion = usage.get("completion_tokens_details")
+    found = {
+        "inputTokens": usage.get("prompt_tokens"),
+        "outputTokens": usage.get("completion_tokens"),
+        "totalTokens": usage.get("total_tokens"),
+        "cachedReadTokens": prompt.get("cached_tokens") if isinstance(prompt, dict) else None,
+        "thoughtTokens": completion.get("reasoning_tokens") if isinstance(completion, dict) else None,
+    }
+    return {k: v for k, v in found.items() if isinstance(v, int) and not isinstance(v, bool) and v >= 0}
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:

@@ -104,6 +104,7 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         homes_root=homes,
         policy=RuntimePolicy(context_carrier="agent_session", load_session=True),
         prepare=prepare,
+        install_hint="install it with `pip install 'hermes-agent[acp,mcp]'` or set [hermes] command",
         **options,
     )
     register(AcpRuntime(spec))

@@ -90,6 +90,63 @@ def _tool_finished(status: str) -> bool:
     return status in ("completed", "failed")
 
 
+# The token counts of a `usage.updated` payload (the names of ACP's prompt `usage`); a payload
+# with none of them (ACP `usage_update`: the session's context `used`/`size`) counts no tokens.
+TOKEN_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "thoughtTokens", "cachedReadTokens", "cachedWriteTokens")
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class RunUsage:
+    """The run's token counts from its ``usage.updated`` events: each event carrying counts holds
+    the run's totals so far (a later one replaces an earlier one, field by field)."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = {}
+
+    def add(self, payload: dict[str, Any]) -> None:
+        for name in TOKEN_FIELDS:
+            count = _count(payload.get(name))
+            if count is not None:
+                self.tokens[name] = count
+
+    def _counts(self) -> tuple[int, int, int] | None:
+        tokens = self.tokens
+        if "inputTokens" not in tokens and "outputTokens" not in tokens and "totalTokens" not in tokens:
+            return None
+        given, taken = tokens.get("inputTokens", 0), tokens.get("outputTokens", 0)
+        return given, taken, tokens.get("totalTokens", given + taken)
+
+    def chat(self) -> dict[str, Any] | None:
+        """The chat completion's ``usage`` (None: the runtime reported no token counts)."""
+        counts = self._counts()
+        if counts is None:
+            return None
+        usage: dict[str, Any] = {"prompt_tokens": counts[0], "completion_tokens": counts[1], "total_tokens": counts[2]}
+        if "cachedReadTokens" in self.tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.tokens["cachedReadTokens"]}
+        if "thoughtTokens" in self.tokens:
+            usage["completion_tokens_details"] = {"reasoning_tokens": self.tokens["thoughtTokens"]}
+        return usage
+
+    def responses(self) -> dict[str, Any] | None:
+        """The Responses API ``usage`` (None: the runtime reported no token counts)."""
+        counts = self._counts()
+        if counts is None:
+            return None
+        return {
+            "input_tokens": counts[0],
+            "input_tokens_details": {"cached_tokens": self.tokens.get("cachedReadTokens", 0)},
+            "output_tokens": counts[1],
+            "output_tokens_details": {"reasoning_tokens": self.tokens.get("thoughtTokens", 0)},
+            "total_tokens": counts[2],
+        }
+
+
 def run_failure(payload: dict[str, Any]) -> str:
     reason = payload.get("reason")
     return reason[:2000] if isinstance(reason, str) and reason else "the agent run did not complete"
@@ -115,6 +172,7 @@ class ChatCompletion:
         self.status: str | None = None
         self.failure: str | None = None
         self.session_mode: str | None = None
+        self.usage = RunUsage()
         self._started = False
         head = b'{"id":%b,"object":"chat.completion.chunk","created":%d,"model":%b,"choices":[{"index":0,"delta":'
         self._head = head % (dumps(self.id), self.created, dumps(self.model))
@@ -184,6 +242,8 @@ class ChatCompletion:
             elif kind == "session.info.updated":
                 mode = event.payload.get("sessionMode")
                 self.session_mode = mode if isinstance(mode, str) else self.session_mode
+            elif kind == "usage.updated":
+                self.usage.add(event.payload)
             elif kind in TERMINAL_STATUS:
                 out.extend(self._end(event))
         return b"".join(out)
@@ -199,7 +259,7 @@ class ChatCompletion:
             out.append(self._chunk({}, "stop", agent_gateway=self._gateway_extension()))
             if self.include_usage:
                 usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created}
-                usage.update(model=self.model, choices=[], usage=None)
+                usage.update(model=self.model, choices=[], usage=self.usage.chat())
                 out.append(b"data: " + dumps(usage) + b"\n\n")
         out.append(b"data: [DONE]\n\n")
         return out
@@ -218,7 +278,7 @@ class ChatCompletion:
             "created": self.created,
             "model": self.model,
             "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
-            "usage": None,
+            "usage": self.usage.chat(),
             "agent_gateway": self._gateway_extension(),
         }
 
@@ -241,6 +301,7 @@ class ResponseStream:
         self.error: dict[str, Any] | None = None
         self.incomplete: dict[str, Any] | None = None
         self.session_mode: str | None = None
+        self.usage = RunUsage()
         self.tools: dict[str, int] = {}  # toolCallId -> output index
         self._message: int | None = None  # output index of the open message item
         self._message_parts: list[str] = []
@@ -277,7 +338,7 @@ class ResponseStream:
             "top_p": None,
             "tool_choice": "auto",
             "tools": [],
-            "usage": None,
+            "usage": self.usage.responses(),
             "agent_gateway": {
                 "hostRunId": run.host_run_id,
                 "sessionId": run.session_id,
@@ -439,6 +500,8 @@ class ResponseStream:
             elif kind == "session.info.updated":
                 mode = event.payload.get("sessionMode")
                 self.session_mode = mode if isinstance(mode, str) else self.session_mode
+            elif kind == "usage.updated":
+                self.usage.add(event.payload)
             elif kind == "run.created":
                 self.status = "queued"
                 self._emit(out, "response.created", {"response": self.response()})

@@ -111,13 +111,24 @@ class OpenAIRoutes:
             raise invalid("the body must be a JSON object", None)
         return body
 
-    def _model(self, body: dict[str, Any]) -> str:
+    async def _model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise invalid("model must be an agent id (see GET /v1/models)", "model")
+        await self._available(model)
+        return model
+
+    async def _available(self, model: str) -> None:
+        """A 404 for an unknown model, a 503 ``agent_unavailable`` (with what to install or set)
+        for one that cannot run here; checked before any run or session exists."""
         if self.routes.runtime(model) is None:
             raise ApiError(404, "model_not_found", f"the model {model[:100]!r} does not exist", param="model")
-        return model
+        availability = await self.routes.availability(model)
+        if not availability["available"]:
+            reason = availability.get("reason") or "the agent is unavailable"
+            error = ApiError(503, "agent_unavailable", f"the model {model!r} is unavailable: {reason}", param="model")
+            error.headers = {"x-should-retry": "false"}  # nothing changes until an operator acts
+            raise error
 
     def _session(self, request: web.Request, body: dict[str, Any], fallback: str | None = None) -> str:
         metadata = _optional(body, "metadata", dict, "an object of strings")
@@ -187,19 +198,23 @@ class OpenAIRoutes:
         return {"id": agent_id, "object": "model", "created": 0, "owned_by": "agent-gateway"}
 
     async def list_models(self, request: web.Request) -> web.Response:
-        models = [self._model_object(agent) for agent in self.routes.agent_ids()]
+        # Only agents that can run: an OpenAI client offers every listed model to its user.
+        models = [
+            self._model_object(agent)
+            for agent in self.routes.agent_ids()
+            if (await self.routes.availability(agent))["available"]
+        ]
         return web.json_response({"object": "list", "data": models})
 
     async def get_model(self, request: web.Request) -> web.Response:
         model = request.match_info["model"]
-        if self.routes.runtime(model) is None:
-            raise ApiError(404, "model_not_found", f"the model {model[:100]!r} does not exist", param="model")
+        await self._available(model)
         return web.json_response(self._model_object(model))
 
     # -- /v1/chat/completions -------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        agent = self._model(body)
+        agent = await self._model(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise invalid("messages must be a non-empty list", "messages")
@@ -261,7 +276,7 @@ class OpenAIRoutes:
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        agent = self._model(body)
+        agent = await self._model(body)
         message = self._input_text(body)
         stream = bool(_optional(body, "stream", bool, "a boolean"))
         background = bool(_optional(body, "background", bool, "a boolean"))

@@ -8,7 +8,9 @@
   ``{toolCallId, tool, arguments, status: in_progress, partialResult?}``
 - ``tool_execution_end`` → ``tool.completed``
   ``{toolCallId, tool, status: completed|failed, result, isError, durationMs}``
-- ``message_end`` (assistant) → ``message.completed`` ``{text}`` and ``usage.updated``
+- ``message_end`` (assistant) → ``message.completed`` ``{text}`` and ``usage.updated`` (the run's
+  token totals so far: ``{inputTokens, outputTokens, totalTokens, cachedReadTokens,
+  cachedWriteTokens, cost: {amount, currency}, model}``)
 - ``agent_settled`` → the run ends (``aborted`` → cancelled; a model error left standing → failed)
 - retries, compaction, queue updates, anything unknown → ``agent.update`` ``{raw}``
 
@@ -23,6 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 RESULT_CHARS = 4000
+# The run's token totals, in the journal's `usage.updated` names.
+USAGE_FIELDS = ("inputTokens", "outputTokens", "totalTokens", "cachedReadTokens", "cachedWriteTokens")
 RAW_CHARS = 20_000
 
 SILENT = frozenset({"agent_start", "turn_start", "turn_end", "agent_end", "message_start", "response"})
@@ -45,6 +49,10 @@ def _cap(text: str, limit: int = RESULT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + f"…({len(text)} chars)"
 
 
+def _tokens(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _raw(record: dict[str, Any]) -> dict[str, Any]:
     import json
 
@@ -63,6 +71,8 @@ class EventMapper:
         self.settled = False
         self.started_tools: set[str] = set()
         self.tool_names: dict[str, str] = {}
+        self.usage = dict.fromkeys(USAGE_FIELDS, 0)
+        self.cost = 0.0
 
     def map(self, record: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         kind = record.get("type")
@@ -186,16 +196,25 @@ class EventMapper:
             out.append(("message.completed", {"text": text, "stopReason": stop}))
         usage = message.get("usage")
         if isinstance(usage, dict) and usage:
-            out.append(
-                (
-                    "usage.updated",
-                    {
-                        "input": usage.get("input"),
-                        "output": usage.get("output"),
-                        "totalTokens": usage.get("totalTokens"),
-                        "cost": (usage.get("cost") or {}).get("total") if isinstance(usage.get("cost"), dict) else None,
-                        "model": message.get("model"),
-                    },
-                )
-            )
+            out.append(("usage.updated", self._add_usage(usage, message.get("model"))))
         return out
+
+    def _add_usage(self, usage: dict[str, Any], model: Any) -> dict[str, Any]:
+        """The run's totals so far, in the journal's `usage.updated` names: each assistant message
+        is one model call with its own counts (Pi's `input` excludes the cached tokens, which
+        `inputTokens` includes, as OpenAI's `prompt_tokens` does)."""
+        read, write = _tokens(usage.get("cacheRead")), _tokens(usage.get("cacheWrite"))
+        totals = self.usage
+        totals["inputTokens"] += _tokens(usage.get("input")) + read + write
+        totals["outputTokens"] += _tokens(usage.get("output"))
+        totals["cachedReadTokens"] += read
+        totals["cachedWriteTokens"] += write
+        totals["totalTokens"] = totals["inputTokens"] + totals["outputTokens"]
+        payload: dict[str, Any] = dict(totals)
+        cost = usage.get("cost")
+        if isinstance(cost, dict) and isinstance(cost.get("total"), int | float):
+            self.cost += float(cost["total"])
+            payload["cost"] = {"amount": self.cost, "currency": "USD"}  # Pi prices its models in USD
+        if isinstance(model, str):
+            payload["model"] = model
+        return payload

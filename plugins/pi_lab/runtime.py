@@ -224,15 +224,30 @@ class PiRuntime:
         return shutil.which(first, path=environment.get("PATH"))
 
     def describe(self) -> dict[str, Any]:
+        found = self._binary() is not None
         return {
             "capabilities": ["chat", "tools.mcp", "steer", "follow_up", "session.resume"],
             "toolAccess": True,
             "fields": [{"key": "model", "label": "Model", "kind": "string", "default": self.settings.provider_model}],
             "availability": {
-                "binaryFound": self._binary() is not None,
+                "available": found,
+                "binaryFound": found,
                 "upstreamConfigured": bool(self.settings.provider_base_url),
+                "reason": None if found else self._missing_reason(),
             },
         }
+
+    def _missing_reason(self) -> str:
+        first = self.settings.command[0] if self.settings.command else "?"
+        if os.sep in first:
+            where = "is not an executable file"
+        else:
+            path = agent_environment(self.settings.env, inherit=self.settings.inherit_env).get("PATH", "")
+            where = f"not found on the agent's PATH ({path[:300]}{'…' if len(path) > 300 else ''})"
+        return (
+            f"{first} {where}: install it with `npm install -g @earendil-works/pi-coding-agent` "
+            "(Node 22.19 or later) or set [pi_lab] command"
+        )
 
     # -- bindings -------------------------------------------------------------------------------
     def key_for(self, turn: Turn) -> BindingKey:

@@ -114,6 +114,7 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
         prepare=prepare,
         # Reasonix replays its own host-generated context snapshot as a user message.
         replay_ignore_prefixes=("<session-context",),
+        install_hint="install it with `npm install -g reasonix` or set [reasonix] command",
         **options,
     )
     register(AcpRuntime(spec))
