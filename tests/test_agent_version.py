@@ -31,8 +31,13 @@ FAST = 2.0
 
 
 def acp_agent(agent_id: str, table: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Gateway overrides declaring one `[acp_agents.<agent_id>]` table."""
-    return {"acp_agents": {f"{agent_id}__{key}": value for key, value in table.items()}}
+    """Gateway overrides declaring one `[acp_agents.<agent_id>]` table. The agents here run
+    unconfined: these tests read the agent's own pid and argv (FAKE_ACP_STARTED), which a
+    sandbox's PID namespace renumbers."""
+    return {
+        "acp_agents": {f"{agent_id}__{key}": value for key, value in table.items()},
+        "sandbox": {"mode": "off"},
+    }
 
 
 def starts(path: Path) -> list[dict[str, Any]]:
