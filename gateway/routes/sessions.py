@@ -450,7 +450,8 @@ class SessionRoutes:
         )
 
     async def _refuse_active(self, actor_id: str, session_id: str) -> None:
-        active = await self.gw.runs.active_run(actor_id, session_id)
+        """409 if the session has an active run; inside `runs.hold_sessions`, so none starts after."""
+        active = await self.gw.runs.session_busy(actor_id, session_id)
         if active is None:
             stored = await self._db(
                 self.gw.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
@@ -462,12 +463,15 @@ class SessionRoutes:
             )
 
     async def _delete(self, actor_id: str, session_id: str) -> bool:
-        await self._refuse_active(actor_id, session_id)
-        return bool(await self._db(self.gw.storage.delete_session_history, actor_id, session_id))
+        # Between two group commits and the indexer's writes (the journal's storage lock): an
+        # index write of one of its runs that comes later finds the run gone and writes nothing.
+        return bool(await self.gw.journal.write(self.gw.storage.delete_session_history, actor_id, session_id))
 
     async def delete(self, request: web.Request) -> web.Response:
         actor_id, session_id, _row = await self._row(request)
-        await self._delete(actor_id, session_id)
+        async with self.gw.runs.hold_sessions(actor_id, [session_id]):
+            await self._refuse_active(actor_id, session_id)
+            await self._delete(actor_id, session_id)
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": [session_id], "notFound": []})
 
     async def bulk_delete(self, request: web.Request) -> web.Response:
@@ -478,11 +482,12 @@ class SessionRoutes:
         session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
         await self.indexer.settle()
         actor_id = request["actor"]
-        for session_id in session_ids:  # all or nothing: refuse before deleting any
-            await self._refuse_active(actor_id, session_id)
         deleted, missing = [], []
-        for session_id in session_ids:
-            (deleted if await self._delete(actor_id, session_id) else missing).append(session_id)
+        async with self.gw.runs.hold_sessions(actor_id, session_ids):
+            for session_id in session_ids:  # all or nothing: refuse before deleting any
+                await self._refuse_active(actor_id, session_id)
+            for session_id in session_ids:
+                (deleted if await self._delete(actor_id, session_id) else missing).append(session_id)
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": deleted, "notFound": missing})
 
     async def delete_agent_session(self, request: web.Request) -> web.Response:
@@ -491,6 +496,10 @@ class SessionRoutes:
         runtime = self.gw.runtimes.get(agent_id)
         if runtime is None or self._can_delete_agent_session(agent_id) is False:
             raise _not_offered(agent_id)
+        async with self.gw.runs.hold_sessions(actor_id, [session_id]):  # no run starts meanwhile
+            return await self._delete_agent_session(actor_id, session_id, agent_id, runtime)
+
+    async def _delete_agent_session(self, actor_id: str, session_id: str, agent_id: str, runtime: Any) -> web.Response:
         await self._refuse_active(actor_id, session_id)
         storage = self.gw.storage
         record = await self._db(storage.get_session, actor_id, session_id) or {}

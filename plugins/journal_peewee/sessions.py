@@ -187,12 +187,15 @@ class SessionIndexMixin:
     # -- writes ---------------------------------------------------------------------------------
     def touch_session_index(self, run: Run) -> None:
         """Create or update the session's index row from one of its runs (status, agent, mode).
-        An older run than the one last seen changes nothing but the run count."""
+        An older run than the one last seen changes nothing but the run count; a run no longer
+        stored (its session was deleted after this snapshot of it) changes nothing."""
         options = run.request.get("options") if isinstance(run.request.get("options"), dict) else {}
         profile, model = options.get("profile"), options.get("model")
         runs = self._qualified(self.models.run._meta.table_name)
         newer = "excluded.updated_at >= cur.updated_at"
         with self._write():
+            if not self._run_stored(run.host_run_id):
+                return
             self._sql(
                 f"INSERT INTO {self._si} AS cur (actor_id, session_id, workspace_id, agent_id, profile, model, title,"
                 " last_status, last_run_id, last_mode, created_at, updated_at, run_count)"
@@ -229,7 +232,8 @@ class SessionIndexMixin:
 
     def put_run_digest(self, digest: dict[str, Any]) -> None:
         """Store what an ended run contributes to its session (replacing an earlier digest of the
-        same run), then recompute the session's counts and searchable text."""
+        same run), then recompute the session's counts and searchable text. Nothing for a run no
+        longer stored (its session was deleted meanwhile)."""
         columns = (
             "host_run_id",
             "actor_id",
@@ -247,12 +251,18 @@ class SessionIndexMixin:
         )
         updates = ", ".join(f"{c} = excluded.{c}" for c in columns[1:])
         with self._write():
+            if not self._run_stored(digest["host_run_id"]):
+                return
             self._sql(
                 f"INSERT INTO {self._rd} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                 f" ON CONFLICT (host_run_id) DO UPDATE SET {updates}",
                 [digest[c] for c in columns],
             )
             self._recompute_session(digest["actor_id"], digest["session_id"])
+
+    def _run_stored(self, host_run_id: str) -> bool:
+        runs = self._qualified(self.models.run._meta.table_name)
+        return self._sql(f"SELECT 1 FROM {runs} WHERE host_run_id = ?", (host_run_id,)).fetchone() is not None
 
     def _recompute_session(self, actor_id: str, session_id: str) -> None:
         rows = self._sql(
