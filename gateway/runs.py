@@ -37,7 +37,7 @@ from agent_gateway.models import (
 from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
-from agent_gateway.workspace_access import WorkspaceAccess
+from agent_gateway.workspace_access import DEFAULT_WORKSPACE, WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.runs")
 
@@ -93,7 +93,7 @@ def validate_run_request(body: Any) -> dict[str, Any]:
         "requestId": _require_id(body, "requestId"),
         "agentId": _require_id(body, "agentId"),
         "sessionId": _require_id(body, "sessionId"),
-        "workspaceId": _require_id(body, "workspaceId", "default"),
+        "workspaceId": _require_id(body, "workspaceId", DEFAULT_WORKSPACE),
     }
     message = body.get("message")
     if not isinstance(message, str) or not VISIBLE.search(message):
