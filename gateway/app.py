@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +48,8 @@ LOCAL_ACTOR = "local"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH, *console.PUBLIC_PATHS})
 METRICS_PATH = "/metrics"
+# A Host header (RFC 9110 7.2): an IP literal or a registered name, then an optional port.
+_HOST_HEADER = re.compile(r"(?:\[[0-9A-Za-z:.%]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(?::([0-9]{0,5}))?")
 STREAMS_CLOSE_SECONDS = 2.0  # at shutdown, for streams to write their last events and end
 
 
@@ -299,6 +302,17 @@ def _shutting_down() -> web.Response:
     return response
 
 
+def _check_host(request: web.Request) -> None:
+    """400 for a Host header that is not ``host[:port]`` (``localhost:evil``): before any route
+    parses it (``request.url`` raises on it)."""
+    host = request.headers.get("Host")
+    if host is None:
+        return
+    match = _HOST_HEADER.fullmatch(host)
+    if match is None or (match.group(1) and int(match.group(1)) > 65535):
+        raise ApiError(400, "invalid_host", "the Host header must be host[:port], with a numeric port up to 65535")
+
+
 def _authenticate(gateway: Gateway, request: web.Request) -> None:
     """Set ``request["actor"]`` from the bearer token (401 without a valid one), except on public
     paths."""
@@ -310,7 +324,8 @@ def _authenticate(gateway: Gateway, request: web.Request) -> None:
 
 def gateway_middleware(guard: BrowserGuard) -> Middleware:
     """The gateway's one middleware, in order: errors as JSON (`json_error`, around all of it), a
-    503 while stopping, the browser guard, authentication, then the route.
+    503 while stopping, a 400 for a malformed Host, the browser guard, authentication, then the
+    route.
 
     One middleware rather than one per step: each is a coroutine frame that an open stream holds
     for as long as it lasts (10,000 idle SSE clients), and nothing is built per request on the way
@@ -322,6 +337,7 @@ def gateway_middleware(guard: BrowserGuard) -> Middleware:
             gateway = request.app[GATEWAY_KEY]
             if gateway.shutting_down:
                 return _shutting_down()
+            _check_host(request)
             preflight = guard.check(request)
             if preflight is not None:
                 return preflight

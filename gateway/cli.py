@@ -19,7 +19,7 @@ import click
 from aiohttp import web
 
 from agent_gateway.app import GATEWAY_KEY, StartupError, create_app, is_loopback
-from agent_gateway.config import Config, ConfigError, redact_url, section_specs_from_hook
+from agent_gateway.config import Config, ConfigError, check_problems, redact_url, section_specs_from_hook
 from agent_gateway.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
 from agent_gateway.logs import configure as configure_logging
 from agent_gateway.mcp.bridge import add_commands as add_mcp_commands
@@ -413,35 +413,12 @@ def config_group() -> None:
 def config_check(config_path: str | None) -> None:
     """Report every problem as `file: key: what is wrong`; exit 1 if there is any."""
     config, plugins = _load(config_path)
-    problems = config.problems() + _storage_problems(config, plugins) + _cluster_problems(config, plugins)
+    problems = check_problems(config, plugins)
     for problem in problems:
         click.echo(problem)
     if problems:
         sys.exit(1)
-    click.echo(f"{config.path or '<defaults>'}: ok")
-
-
-def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
-    """Whether a storage plugin takes ``[storage] url`` (without opening it)."""
-    where = f"{config.path or '<defaults>'}: storage.url"
-    try:
-        storage = plugins.storage_backend(config.storage_url, config)
-    except Exception as exc:  # the plugin's own reason, e.g. a missing driver
-        return [f"{where}: {' '.join(str(exc).split())}"]
-    if storage is None:
-        return [f"{where}: no storage plugin handles {redact_url(config.storage_url)!r}"]
-    return []
-
-
-def _cluster_problems(config: Config, plugins: PluginHost) -> list[str]:
-    """Whether a cluster plugin can serve this configuration (PostgreSQL storage, Redis client)."""
-    if config.problems():
-        return []  # a bad [cluster] value is reported already
-    try:
-        plugins.cluster_coordinator(config)
-    except Exception as exc:  # the plugin's own one-line reason
-        return [f"{config.path or '<defaults>'}: cluster: {' '.join(str(exc).split())}"]
-    return []
+    click.echo(f"{config.where}: ok")
 
 
 @cli.command("doctor")

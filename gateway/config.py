@@ -13,7 +13,10 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agent_gateway.plugin_host import PluginHost
 
 ENV_PREFIX = "AGENT_GATEWAY__"
 CONFIG_ENV = "AGENT_GATEWAY_CONFIG"
@@ -205,6 +208,13 @@ class Config:
     path: str | None
     specs: dict[str, SectionSpec] = field(default_factory=dict)
     env_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # What problems name as the origin of `raw` when it is not read from a file (a test's overrides).
+    label: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The origin of `raw` in problems: the file, else the label, else ``<defaults>``."""
+        return self.path or self.label or "<defaults>"
 
     @classmethod
     def load(
@@ -293,7 +303,7 @@ class Config:
     # -- checking -------------------------------------------------------------------------------
     def problems(self) -> list[str]:
         """Every problem as ``file: section.key: what is wrong``."""
-        where = self.path or "<defaults>"
+        where = self.where
         found: list[str] = []
         for name in self.raw:
             if name not in self.specs:
@@ -331,7 +341,7 @@ class Config:
 
     def _check_table(self, spec: SectionSpec, name: str, given: dict[str, Any], env: dict[str, Any]) -> list[str]:
         """Problems of one section (or one table of a section of tables) named `name`."""
-        where = self.path or "<defaults>"
+        where = self.where
         found: list[str] = []
         origin = {**{k: where for k in given}, **{k: "environment" for k in env}}
         values = {**given, **env}
@@ -365,6 +375,35 @@ class Config:
         problems = self.problems()
         if problems:
             raise ConfigError(problems)
+
+
+def check_problems(config: Config, plugins: PluginHost) -> list[str]:
+    """Every problem ``agent-gateway config check`` reports, as ``origin: key: what is wrong``:
+    the sections' keys, types and validators (plugins' sections included, once registered in
+    `config`), whether a storage plugin takes ``[storage] url`` (without opening it), and whether
+    a cluster plugin can serve the configuration."""
+    problems = config.problems()
+    # A bad [cluster] value is reported already: the cluster plugin would fail on it again.
+    return problems + _storage_problems(config, plugins) + ([] if problems else _cluster_problems(config, plugins))
+
+
+def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
+    where = f"{config.where}: storage.url"
+    try:
+        storage = plugins.storage_backend(config.storage_url, config)
+    except Exception as exc:  # the plugin's own reason, e.g. a missing driver
+        return [f"{where}: {' '.join(str(exc).split())}"]
+    if storage is None:
+        return [f"{where}: no storage plugin handles {redact_url(config.storage_url)!r}"]
+    return []
+
+
+def _cluster_problems(config: Config, plugins: PluginHost) -> list[str]:
+    try:
+        plugins.cluster_coordinator(config)
+    except Exception as exc:  # the plugin's own one-line reason
+        return [f"{config.where}: cluster: {' '.join(str(exc).split())}"]
+    return []
 
 
 def _type_ok(value: Any, expected: type) -> bool:

@@ -146,8 +146,6 @@ class PluginRoutes:
         :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
         actor = self.actor(request)
         filled = await apply_run_defaults(self._gateway, actor, dict(body))
-        # Agents call back (MCP) on the address the host used, unless the launcher set one.
-        self._gateway.services.setdefault("base_url", str(request.url.origin()))
         return await self._gateway.runs.create(actor, filled)
 
     async def run_by_request(

@@ -16,7 +16,7 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,7 +38,7 @@ from agent_gateway.models import (
 from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
-from agent_gateway.workspace_access import WorkspaceAccess
+from agent_gateway.workspace_access import DEFAULT_WORKSPACE, WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.runs")
 
@@ -106,7 +106,7 @@ def validate_run_request(body: Any) -> dict[str, Any]:
         "requestId": _require_id(body, "requestId"),
         "agentId": _require_id(body, "agentId"),
         "sessionId": _require_id(body, "sessionId"),
-        "workspaceId": _require_id(body, "workspaceId", "default"),
+        "workspaceId": _require_id(body, "workspaceId", DEFAULT_WORKSPACE),
     }
     message = body.get("message")
     if not isinstance(message, str) or not VISIBLE.search(message):
@@ -208,6 +208,8 @@ class RunManager:
         self._admitting: Counter[tuple[str, str]] = Counter()
         self._session_locks: KeyedLocks[tuple[str, str]] = KeyedLocks()  # one run of a session at a time
         self._creating: KeyedLocks[tuple[str, ...]] = KeyedLocks()  # one creation per request key
+        # A run's creation and its session's delete take turns (`hold_sessions`), by (actor, session).
+        self._session_changes: KeyedLocks[tuple[str, str]] = KeyedLocks()
         self._shutting_down = False
         self._watchdogs: set[asyncio.Task[None]] = set()
         self._repairing: KeyedLocks[str] = KeyedLocks()  # one repair per run
@@ -248,7 +250,7 @@ class RunManager:
                 return await self._create_at(owner, actor_id, body)
         key = (actor_id, request["sessionId"], request["workspaceId"], request["requestId"])
         request_hash = canonical_hash(request)
-        async with self._creating.hold(key):
+        async with self._creating.hold(key), self._session_changes.hold((actor_id, request["sessionId"])):
             try:
                 admitted = self._admit(actor_id, request["sessionId"])
             except AdmissionRefused:
@@ -824,6 +826,30 @@ class RunManager:
 
     def active_runs(self) -> list[Run]:
         return [a.run for a in self._active.values()]
+
+    @contextlib.asynccontextmanager
+    async def hold_sessions(self, actor_id: str, session_ids: Iterable[str]) -> AsyncIterator[None]:
+        """No run of these sessions is created while the block runs (a delete of their history):
+        a creation that raced it happened wholly before (its run is in :meth:`session_busy`) or
+        happens after, starting the session anew. Held in one order, so two holders of several
+        sessions never wait for each other."""
+        async with contextlib.AsyncExitStack() as stack:
+            for session_id in sorted(set(session_ids)):
+                await stack.enter_async_context(self._session_changes.hold((actor_id, session_id)))
+            yield
+
+    async def session_busy(self, actor_id: str, session_id: str) -> Run | None:
+        """The session's active run (the running one first), inside :meth:`hold_sessions`. A run
+        whose terminal event is out (a client may have seen it end) is only storing its end and
+        its transcript: it is waited for, not reported, so nothing of it is written after."""
+        mine = [a.run for a in self._active.values() if (a.run.actor_id, a.run.session_id) == (actor_id, session_id)]
+        ending = [r for r in mine if r.is_terminal or self.journal.has_terminal(r.host_run_id)]
+        live = [r for r in mine if not (r.is_terminal or self.journal.has_terminal(r.host_run_id))]
+        if live:
+            return next((r for r in live if r.status != "queued"), live[0])
+        for run in ending:
+            await self.wait(run.host_run_id)
+        return await self.active_run(actor_id, session_id)  # (a cluster: one on another instance)
 
     async def wait(self, host_run_id: str) -> None:
         """Until the run has ended. A run this instance is not running has ended already, unless

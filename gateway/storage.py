@@ -126,8 +126,9 @@ class Storage(Protocol):
         limit: int = 50,
         offset: int = 0,
     ) -> list[dict[str, Any]]:
-        """Full-text search, best first; each row has ``snippet`` (hits between U+E000 and
-        U+E001) and ``score``."""
+        """Full-text search, best first; each row has ``score`` and ``snippet``: a list of
+        ``(text, hit)`` pieces, the text as stored (the API escapes it; nothing in it can mark a
+        hit; a plain string is shown as text without hits)."""
 
     def update_session_index(
         self, actor_id: str, session_id: str, *, title: str | None = None, pinned: bool | None = None

@@ -5,6 +5,10 @@ With ``owners`` set, a workspace listed there belongs to the actors it names and
 configured workspace stays shared by every actor; a workspace id that is not configured at all
 is refused too, so that another actor's workspace and one that does not exist answer alike
 (404 ``workspace_not_found``): nobody learns which workspace ids exist.
+
+A run that names no workspace gets :data:`DEFAULT_WORKSPACE`. Unless ``roots`` configures it, that
+id means "no workspace": it is open to every actor whether or not ``owners`` is set (a plain chat
+works either way), and its file tools answer ``no_workspace``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass, field
 from agent_gateway.errors import ApiError
 
 WORKSPACE_NOT_FOUND = "workspace_not_found"
+# The workspace id of a run that names none.
+DEFAULT_WORKSPACE = "default"
 
 
 def workspace_not_found(workspace_id: str) -> ApiError:
@@ -40,7 +46,7 @@ class WorkspaceAccess:
         if not self.owners:
             return True
         if workspace_id not in self.configured:
-            return False
+            return workspace_id == DEFAULT_WORKSPACE  # no workspace: nobody's, so anybody's
         actors = self.owners.get(workspace_id)
         return actors is None or actor_id in actors
 

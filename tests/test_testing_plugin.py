@@ -16,9 +16,18 @@ from typing import Any
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 
 from agent_gateway import RuntimePolicy, Turn, TurnOutcome, hookimpl
-from agent_gateway.testing import FakeOpenAI, GatewayClient, GatewayHTTPError, RunningGateway, start_gateway
+from agent_gateway.cli import cli
+from agent_gateway.testing import (
+    ConfigError,
+    FakeOpenAI,
+    GatewayClient,
+    GatewayHTTPError,
+    RunningGateway,
+    start_gateway,
+)
 
 pytestmark = pytest.mark.agw_config(scripted={"greeting": "module"})
 
@@ -176,3 +185,70 @@ def test_a_plugin_that_fails_to_load_fails_the_start(tmp_path: Path) -> None:
         with start_gateway([Broken()], data_dir=tmp_path / "gw"):
             pytest.fail("the gateway started")
     assert not any(t.name == "agw-gateway" and t.is_alive() for t in threading.enumerate())
+
+
+class ValidatedPlugin:
+    """A plugin with its own validator, as a plugin author tests it."""
+
+    @hookimpl
+    def config_sections(self, register: Any) -> None:
+        def validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+            return [] if section["level"] in ("low", "high") else [("level", "must be low or high")]
+
+        register("validated", {"level": "low", "retries": 1}, validate, "A validated section.")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"scripted": {"greting": "typo"}}, ["agw_config: scripted.greting: unknown key"]),
+        ({"scriptd": {"greeting": "x"}}, ["agw_config: scriptd: unknown section (known: "]),
+        ({"validated": {"level": "medium"}}, ["agw_config: validated.level: must be low or high"]),
+        (
+            {"validated": {"level": "medium", "retries": "two"}, "gateway": {"port": 70000}},
+            [
+                "agw_config: gateway.port: must be 0..65535, got 70000",
+                "agw_config: validated.retries: expected int, got str",
+                "agw_config: validated.level: must be low or high",
+            ],
+        ),
+    ],
+    ids=["key-typo", "section-typo", "plugin-validator", "every-problem"],
+)
+def test_start_gateway_validates_the_configuration_like_config_check(
+    tmp_path: Path, overrides: dict[str, Any], expected: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        with start_gateway([ScriptedPlugin(), ValidatedPlugin()], overrides, data_dir=tmp_path / "gw"):
+            pytest.fail("the gateway started with an invalid configuration")
+    assert caught.value.problems[0].startswith("invalid configuration")
+    problems = caught.value.problems[1:]
+    assert len(problems) == len(expected), problems
+    for problem in expected:
+        assert any(line.startswith(problem) for line in problems), (problem, problems)
+    assert "agent-gateway config check" in str(caught.value)
+    assert not any(t.name == "agw-gateway" and t.is_alive() for t in threading.enumerate())
+
+
+def test_the_problems_are_those_config_check_reports(tmp_path: Path) -> None:
+    """The same overrides as a TOML file: `agent-gateway config check` names the same problems."""
+    overrides = {"gateway": {"port": 70000, "heartbeat_seconds": "often"}, "storage": {"retain_days": -1}}
+    with pytest.raises(ConfigError) as caught:
+        with start_gateway([], overrides, data_dir=tmp_path / "gw"):
+            pytest.fail("the gateway started with an invalid configuration")
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        f'[gateway]\nport = 70000\nheartbeat_seconds = "often"\ndata_dir = "{tmp_path / "gw"}"\n'
+        "[storage]\nretain_days = -1\n"
+    )
+    result = CliRunner().invoke(cli, ["config", "check", "--config", str(path)], env={})
+    assert result.exit_code == 1
+    reported = sorted(line.replace(str(path), "agw_config") for line in result.output.splitlines())
+    assert sorted(caught.value.problems[1:]) == reported
+
+
+def test_a_valid_configuration_serves(tmp_path: Path) -> None:
+    overrides = {"scripted": {"greeting": "checked"}, "validated": {"level": "high"}}
+    with start_gateway([ScriptedPlugin(), ValidatedPlugin()], overrides, data_dir=tmp_path / "gw") as running:
+        assert running.runtime("scripted").greeting == "checked"
+        assert running.config.section("validated") == {"level": "high", "retries": 1}

@@ -117,6 +117,38 @@ async def test_without_owners_every_actor_uses_every_workspace(make_gateway, dir
     assert await stream_status(client, NOTES, BOB) == (200, None)
 
 
+@pytest.mark.parametrize("owners", [OWNERS, None], ids=["owners", "no-owners"])
+async def test_a_run_naming_no_workspace_runs_with_or_without_owners(make_gateway, dirs, owners) -> None:
+    """A plain chat names no workspace: it runs for every actor, owners or not, with no workspace
+    (its file tools say so), through the runs API and the OpenAI-compatible one alike."""
+    client = await make_gateway(tokens=TOKENS, overrides=sections(dirs, owners))
+    gateway = gateway_of(client)
+    for headers, actor in ((ALICE, "alice"), (BOB, "bob")):
+        plain = body(NOTES)
+        del plain["workspaceId"], plain["context"]
+        receipt, events = await run_to_end(client, plain, headers=headers)
+        assert (receipt["workspaceId"], receipt["actorId"], events[-1]["event"]) == ("default", actor, "run.completed")
+        await gateway.runs.wait(receipt["hostRunId"])  # past its end: the run's scope is the workspace's alone
+        run = await gateway.runs.get(receipt["hostRunId"], actor)
+        assert run is not None
+        with pytest.raises(ToolError) as caught:
+            await gateway.tools.call(
+                "workspace.write_file", {"path": "a.md", "text": "x"}, gateway.tools.scope_for(run)
+            )
+        assert caught.value.code == "no_workspace" and "no directory configured" in caught.value.message
+        described = await gateway.tools.call("workspace.describe_roots", {}, gateway.tools.scope_for(run))
+        assert described["configured"] is False
+        response = await client.post(
+            "/v1/chat/completions",
+            json={"model": "chat-only", "messages": [{"role": "user", "content": "hi"}]},
+            headers=headers,
+        )
+        assert response.status == 200, await response.text()
+    # A workspace id that is not configured is still refused when owners are set.
+    response = await client.post("/v1/runs", json=body("no-such-ws"), headers=BOB)
+    assert response.status == (404 if owners else 201)
+
+
 async def test_another_actors_workspace_stream_is_404(make_gateway, dirs) -> None:
     client = await make_gateway(tokens=TOKENS, overrides=sections(dirs, OWNERS))
     status, refused = await stream_status(client, NOTES, BOB)

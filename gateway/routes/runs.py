@@ -90,8 +90,6 @@ class RunRoutes:
         header = request.headers.get("Last-Event-ID") if stream else None
         after = _cursor(header, "Last-Event-ID") if header else 0
         body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
-        # Agents call back (MCP) on the address the host used, unless the launcher set one.
-        self.gw.services.setdefault("base_url", str(request.url.origin()))
         try:
             run, created = await self.gw.runs.create(request["actor"], body)
         except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry

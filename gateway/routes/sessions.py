@@ -39,7 +39,6 @@ MAX_QUERY = 500
 MAX_BULK = 100
 # Runs a session detail / export reads (oldest first).
 MAX_RUNS = 500
-HIT_START, HIT_END = "\ue000", "\ue001"
 STATUS_FILTERS = frozenset({"active", *ACTIVE_STATUSES, *TERMINAL_STATUSES})
 # How long the session indexer gathers run changes before it indexes them (see `_work`).
 INDEX_GATHER_SECONDS = 0.005
@@ -252,10 +251,17 @@ def _unknown_cursor() -> ApiError:
     return ApiError(404, "cursor_not_found", "cursor: not a cursor this API returned (or from another query)")
 
 
-def highlight(snippet: str | None) -> str:
-    """A storage snippet as HTML: the text escaped, the hits in <mark>."""
-    text = html.escape(snippet or "", quote=True)
-    return text.replace(HIT_START, "<mark>").replace(HIT_END, "</mark>")
+def highlight(snippet: Any) -> str:
+    """A storage snippet as HTML: every piece of text escaped (nothing stripped), the hits in
+    <mark>, the only markup. The storage gives ``(text, hit)`` pieces, so no stored character
+    can become a highlight; a plain string (a storage predating pieces) is text, no hit."""
+    if isinstance(snippet, str):
+        snippet = [(snippet, False)]
+    parts = []
+    for text, hit in snippet or ():
+        escaped = html.escape(str(text), quote=True)
+        parts.append(f"<mark>{escaped}</mark>" if hit else escaped)
+    return "".join(parts)
 
 
 # -- the routes ---------------------------------------------------------------------------------------
@@ -444,7 +450,8 @@ class SessionRoutes:
         )
 
     async def _refuse_active(self, actor_id: str, session_id: str) -> None:
-        active = await self.gw.runs.active_run(actor_id, session_id)
+        """409 if the session has an active run; inside `runs.hold_sessions`, so none starts after."""
+        active = await self.gw.runs.session_busy(actor_id, session_id)
         if active is None:
             stored = await self._db(
                 self.gw.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
@@ -456,12 +463,15 @@ class SessionRoutes:
             )
 
     async def _delete(self, actor_id: str, session_id: str) -> bool:
-        await self._refuse_active(actor_id, session_id)
-        return bool(await self._db(self.gw.storage.delete_session_history, actor_id, session_id))
+        # Between two group commits and the indexer's writes (the journal's storage lock): an
+        # index write of one of its runs that comes later finds the run gone and writes nothing.
+        return bool(await self.gw.journal.write(self.gw.storage.delete_session_history, actor_id, session_id))
 
     async def delete(self, request: web.Request) -> web.Response:
         actor_id, session_id, _row = await self._row(request)
-        await self._delete(actor_id, session_id)
+        async with self.gw.runs.hold_sessions(actor_id, [session_id]):
+            await self._refuse_active(actor_id, session_id)
+            await self._delete(actor_id, session_id)
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": [session_id], "notFound": []})
 
     async def bulk_delete(self, request: web.Request) -> web.Response:
@@ -472,11 +482,12 @@ class SessionRoutes:
         session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
         await self.indexer.settle()
         actor_id = request["actor"]
-        for session_id in session_ids:  # all or nothing: refuse before deleting any
-            await self._refuse_active(actor_id, session_id)
         deleted, missing = [], []
-        for session_id in session_ids:
-            (deleted if await self._delete(actor_id, session_id) else missing).append(session_id)
+        async with self.gw.runs.hold_sessions(actor_id, session_ids):
+            for session_id in session_ids:  # all or nothing: refuse before deleting any
+                await self._refuse_active(actor_id, session_id)
+            for session_id in session_ids:
+                (deleted if await self._delete(actor_id, session_id) else missing).append(session_id)
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": deleted, "notFound": missing})
 
     async def delete_agent_session(self, request: web.Request) -> web.Response:
@@ -485,6 +496,10 @@ class SessionRoutes:
         runtime = self.gw.runtimes.get(agent_id)
         if runtime is None or self._can_delete_agent_session(agent_id) is False:
             raise _not_offered(agent_id)
+        async with self.gw.runs.hold_sessions(actor_id, [session_id]):  # no run starts meanwhile
+            return await self._delete_agent_session(actor_id, session_id, agent_id, runtime)
+
+    async def _delete_agent_session(self, actor_id: str, session_id: str, agent_id: str, runtime: Any) -> web.Response:
         await self._refuse_active(actor_id, session_id)
         storage = self.gw.storage
         record = await self._db(storage.get_session, actor_id, session_id) or {}
@@ -515,50 +530,103 @@ def _not_offered(agent_id: str) -> ApiError:
     )
 
 
+# Characters inline Markdown reads as emphasis, code, links, headings, tables or strikethrough.
+_MD_PUNCTUATION = frozenset("\\`*_[]#|~!")
+_BACKTICKS = re.compile(r"`+")
+
+
+def md_text(value: Any) -> str:
+    """Text as inline Markdown that reads as written: one line, HTML escaped (a ``<b>`` shows as
+    ``<b>``), Markdown punctuation backslash-escaped."""
+    out = []
+    for char in " ".join(str(value).split()):
+        if char in "<>&":
+            out.append(html.escape(char))
+        elif char in _MD_PUNCTUATION:
+            out.append("\\" + char)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def md_code(value: Any) -> str:
+    """A code span holding ``value`` verbatim (on one line): its backtick run is longer than any
+    inside, padded when the text starts or ends with a backtick or a space."""
+    text = " ".join(str(value).splitlines())
+    if not text:
+        return "` `"
+    ticks = "`" * (max((len(m) for m in _BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text[0] == "`" or text[-1] == "`" or (text[0] == " " and text[-1] == " ") else ""
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
+
+def md_fenced(body: str) -> list[str]:
+    """A message body as a fenced block, so nothing in it (a ``# Heading``, HTML, a fence of its
+    own) escapes its message: the fence is longer than any backtick run in the body, and what a
+    fence holds is shown as written (HTML in it is text, never markup)."""
+    ticks = "`" * max(3, max((len(m) for m in _BACKTICKS.findall(body)), default=0) + 1)
+    return [f"{ticks}text", body, ticks]
+
+
 def to_markdown(detail: dict[str, Any]) -> str:
     """A session export as Markdown: each run's question, answer, folded thoughts, tools,
-    citations and changed files."""
+    citations and changed files. Bodies are fenced and everything else escaped, so the export's
+    structure is the gateway's alone whatever the user or the agent wrote."""
     session = detail["session"]
     binding = detail["binding"]
     lines = [
-        f"# {session['title'] or session['sessionId']}",
+        f"# {md_text(session['title'] or session['sessionId'])}",
         "",
-        f"- Session: `{session['sessionId']}`",
-        f"- Agent: `{session['agentId']}`"
-        + (f" (agent session `{binding['agentSessionId']}`)" if binding["agentSessionId"] else ""),
+        f"- Session: {md_code(session['sessionId'])}",
+        f"- Agent: {md_code(session['agentId'])}"
+        + (f" (agent session {md_code(binding['agentSessionId'])})" if binding["agentSessionId"] else ""),
         f"- Runs: {session['runCount']}",
         "",
     ]
     for number, item in enumerate(detail["runs"], 1):
         receipt, transcript = item["receipt"], item["transcript"]
-        mode = f", {transcript['sessionMode']}" if transcript["sessionMode"] else ""
-        lines += [f"## Run {number} — {receipt['status']}{mode}", "", f"`{receipt['hostRunId']}`", ""]
+        mode = f", {md_text(transcript['sessionMode'])}" if transcript["sessionMode"] else ""
+        lines += [f"## Run {number} — {md_text(receipt['status'])}{mode}", "", md_code(receipt["hostRunId"]), ""]
         if transcript["question"]:
-            lines += ["**User**", "", transcript["question"], ""]
+            lines += ["**User**", "", *md_fenced(transcript["question"]), ""]
         if transcript["thoughts"]["text"]:
-            lines += ["<details><summary>Thoughts</summary>", "", transcript["thoughts"]["text"], "", "</details>", ""]
+            thoughts = md_fenced(transcript["thoughts"]["text"])
+            lines += ["<details><summary>Thoughts</summary>", "", *thoughts, "", "</details>", ""]
         for card in transcript["tools"]:
             name = card.get("title") or card.get("tool") or card.get("kind") or "tool"
-            receipt_id = f" (receipt `{card['receiptId']}`)" if card.get("receiptId") else ""
-            lines.append(f"- Tool `{card['toolCallId']}`: {name} — {card.get('status')}{receipt_id}")
-        for permission in transcript["permissions"]:
+            receipt_id = f" (receipt {md_code(card['receiptId'])})" if card.get("receiptId") else ""
             lines.append(
-                f"- Permission `{permission.get('requestId')}`: {permission.get('title') or ''} — "
-                f"{permission.get('outcome') or permission.get('status')} {permission.get('optionId') or ''}".rstrip()
+                f"- Tool {md_code(card['toolCallId'])}: {md_text(name)} — {md_text(card.get('status'))}{receipt_id}"
+            )
+        for permission in transcript["permissions"]:
+            outcome = permission.get("outcome") or permission.get("status")
+            option = f" {md_text(permission['optionId'])}" if permission.get("optionId") else ""
+            lines.append(
+                f"- Permission {md_code(permission.get('requestId'))}: {md_text(permission.get('title') or '')} — "
+                f"{md_text(outcome)}{option}"
             )
         if transcript["tools"] or transcript["permissions"]:
             lines.append("")
         if transcript["answer"]["text"]:
-            lines += ["**Assistant**", "", transcript["answer"]["text"], ""]
+            lines += ["**Assistant**", "", *md_fenced(transcript["answer"]["text"]), ""]
         if transcript["citations"]:
             lines += ["Sources:", ""]
-            lines += [f"- {c.get('markdown') or c.get('url')}" for c in transcript["citations"]]
+            lines += [f"- {_citation(c)}" for c in transcript["citations"]]
             lines.append("")
         if transcript["files"]:
-            lines += ["Files changed:", ""] + [f"- `{f['path']}`" for f in transcript["files"]] + [""]
+            lines += ["Files changed:", ""] + [f"- {md_code(f['path'])}" for f in transcript["files"]] + [""]
         if transcript["terminal"] and transcript["terminal"].get("reason") and receipt["status"] != "completed":
-            lines += [f"_{transcript['terminal']['reason']}_", ""]
+            lines += [f"_{md_text(transcript['terminal']['reason'])}_", ""]
     return "\n".join(lines)
+
+
+def _citation(citation: dict[str, Any]) -> str:
+    """A citation's own Markdown (a link, as the tool wrote it) on one line with HTML escaped;
+    a bare URL as code."""
+    markdown = citation.get("markdown")
+    if isinstance(markdown, str) and markdown.strip():
+        return html.escape(" ".join(markdown.split()), quote=False)
+    return md_code(citation.get("url") or "")
 
 
 def setup(app: web.Application, gateway: Gateway) -> None:

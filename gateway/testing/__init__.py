@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "SseEvent": "agent_gateway.testing.client",
     "FakeOpenAI": "agent_gateway.testing.fake_openai",
     "Reply": "agent_gateway.testing.fake_openai",
+    "ConfigError": "agent_gateway.config",
 }
 
 __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
@@ -32,9 +33,11 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "SseEvent",
     "FakeOpenAI",
     "Reply",
+    "ConfigError",
 ]
 
 if TYPE_CHECKING:
+    from agent_gateway.config import ConfigError
     from agent_gateway.testing.client import GatewayClient, GatewayHTTPError, RunResult, SseEvent
     from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
     from agent_gateway.testing.server import RunningGateway, start_gateway

@@ -126,11 +126,34 @@ def load_plugins(plugins: Iterable[object], env: Mapping[str, str]) -> PluginHos
     return host
 
 
-def load_config(overrides: Overrides | None, data_dir: Path, env: Mapping[str, str]) -> Config:
-    """The default configuration with the data directory set, then ``overrides``."""
-    from agent_gateway.config import Config
+# What problems name as the origin of a test's configuration overrides.
+CONFIG_LABEL = "agw_config"
 
-    return Config.load(None, env=env, overrides=merge_overrides({"gateway": {"data_dir": str(data_dir)}}, overrides))
+
+def load_config(
+    overrides: Overrides | None, data_dir: Path, env: Mapping[str, str], plugins: PluginHost | None = None
+) -> Config:
+    """The default configuration with the data directory set, then ``overrides`` (in the place of
+    a TOML file: problems name them ``agw_config``), then ``env``'s ``AGENT_GATEWAY__*``
+    variables. With ``plugins``, their configuration sections are declared."""
+    from agent_gateway.config import Config, section_specs_from_hook
+
+    specs = section_specs_from_hook(plugins.config_sections()) if plugins is not None else None
+    config = Config.load(None, specs, env=env)
+    config.raw = merge_overrides({"gateway": {"data_dir": str(data_dir)}}, overrides)
+    config.label = CONFIG_LABEL
+    return config
+
+
+def check_config(config: Config, plugins: PluginHost) -> None:
+    """Raise :class:`agent_gateway.testing.ConfigError` listing every problem ``agent-gateway config
+    check`` would report (an unknown section or key, a wrong type, what a section's validator
+    refuses: your plugin's too), so a typo is not silently a test of the defaults."""
+    from agent_gateway.config import ConfigError, check_problems
+
+    problems = check_problems(config, plugins)
+    if problems:
+        raise ConfigError(["invalid configuration (as `agent-gateway config check` reports it):", *problems])
 
 
 async def _serve(
@@ -141,7 +164,8 @@ async def _serve(
     from agent_gateway.app import create_app
 
     host = load_plugins(plugins, env)
-    config = load_config(overrides, data_dir, env)
+    config = load_config(overrides, data_dir, env, host)
+    check_config(config, host)
     app = create_app(config, host)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5.0)
     try:
@@ -173,8 +197,9 @@ def start_gateway(
     ``data_dir``; storage is SQLite there unless ``storage.url`` says otherwise). ``env``:
     what the gateway reads as its environment (``AGENT_GATEWAY__SECTION__KEY`` overrides,
     ``AGENT_GATEWAY_LOAD_PLUGINS``); the test process's own environment is never read, so a
-    developer's shell cannot change what a test sees. A plugin that fails to load, or a
-    gateway that fails to start, raises here."""
+    developer's shell cannot change what a test sees. A configuration with problems raises
+    :class:`agent_gateway.testing.ConfigError` listing them all, as ``agent-gateway config check`` would
+    report them; a plugin that fails to load, or a gateway that fails to start, raises here too."""
     directory = Path(data_dir)
     thread = _LoopThread("agw-gateway")
     try:

@@ -12,8 +12,10 @@ per ended run, and full-text search with the database's own engine.
   ``snippet``); PostgreSQL a ``tsvector`` column with a GIN index (``ts_rank_cd``,
   ``ts_headline``), text configuration ``simple`` (no stemming: works the same for any language).
 
-Snippets mark hits with U+E000 … U+E001; the API layer escapes the text and turns those into
-``<mark>`` tags.
+A snippet is a list of ``(text, hit)`` pieces, so no stored character can pass for a hit marker:
+the engines mark hits with U+E000 … U+E001, and a row whose text holds one of those (or, on
+PostgreSQL, U+0001, which stands in for ``<`` so ``ts_headline`` keeps text that looks like a
+tag) gets its snippet from :func:`snippet_pieces` instead. The API layer escapes the pieces.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ ACTIVE_STATUSES = ("pending", "queued", "running", "awaiting_permission")
 MAX_SEARCH_TEXT = 100_000
 TITLE_LENGTH = 80
 _WORD = re.compile(r"\w+", re.UNICODE)
+# PostgreSQL's parser reads "<...>" as a tag: ts_headline drops it and to_tsvector skips its words.
+# What it indexes and highlights has "<" as U+0001 (a blank to the parser), put back afterwards.
+PG_LT = "\x01"
+# Words of context a snippet shows (as FTS5 snippet()'s 16 tokens).
+SNIPPET_WORDS = 16
+Snippet = list[tuple[str, bool]]
 
 _INDEX_COLUMNS = (
     "id",
@@ -65,6 +73,49 @@ def default_title(message: Any) -> str:
 def query_terms(query: str) -> list[str]:
     """The words of a search query (anything else is dropped: no query syntax reaches the engine)."""
     return _WORD.findall(query)[:16]
+
+
+def marked_pieces(marked: str, restore: dict[str, str] | None = None) -> Snippet:
+    """An engine's snippet (hits between HIT_START and HIT_END, the text free of both) as pieces;
+    ``restore`` maps stand-in characters back."""
+    pieces: Snippet = []
+    hit = False
+    for part in re.split(f"([{HIT_START}{HIT_END}])", marked):
+        if part in (HIT_START, HIT_END):
+            hit = part == HIT_START
+        elif part:
+            for old, new in (restore or {}).items():
+                part = part.replace(old, new)
+            pieces.append((part, hit))
+    return pieces
+
+
+def snippet_pieces(text: str, terms: Sequence[str], words: int = SNIPPET_WORDS) -> Snippet:
+    """A snippet of ``text`` built here (for text an engine's markers could be confused with):
+    ``words`` words around the first word a term starts (case-insensitive), those words hits."""
+    prefixes = tuple(term.casefold() for term in terms)
+    spans = [m.span() for m in _WORD.finditer(text)]
+    hits = {i for i, (a, b) in enumerate(spans) if text[a:b].casefold().startswith(prefixes)}
+    if not spans:
+        return [(text[:200], False)] if text.strip() else []
+    first = min(hits, default=0)
+    start = max(0, min(first - words // 4, len(spans) - words))
+    end = min(len(spans), start + words)
+    pieces: Snippet = [("…", False)] if start > 0 else []
+    at = spans[start][0]
+    for i in range(start, end):
+        a, b = spans[i]
+        if i in hits:
+            if a > at:
+                pieces.append((text[at:a], False))
+            pieces.append((text[a:b], True))
+            at = b
+    stop = spans[end - 1][1]
+    if stop > at:
+        pieces.append((text[at:stop], False))
+    if end < len(spans):
+        pieces.append(("…", False))
+    return pieces
 
 
 class SessionIndexMixin:
@@ -136,12 +187,15 @@ class SessionIndexMixin:
     # -- writes ---------------------------------------------------------------------------------
     def touch_session_index(self, run: Run) -> None:
         """Create or update the session's index row from one of its runs (status, agent, mode).
-        An older run than the one last seen changes nothing but the run count."""
+        An older run than the one last seen changes nothing but the run count; a run no longer
+        stored (its session was deleted after this snapshot of it) changes nothing."""
         options = run.request.get("options") if isinstance(run.request.get("options"), dict) else {}
         profile, model = options.get("profile"), options.get("model")
         runs = self._qualified(self.models.run._meta.table_name)
         newer = "excluded.updated_at >= cur.updated_at"
         with self._write():
+            if not self._run_stored(run.host_run_id):
+                return
             self._sql(
                 f"INSERT INTO {self._si} AS cur (actor_id, session_id, workspace_id, agent_id, profile, model, title,"
                 " last_status, last_run_id, last_mode, created_at, updated_at, run_count)"
@@ -178,7 +232,8 @@ class SessionIndexMixin:
 
     def put_run_digest(self, digest: dict[str, Any]) -> None:
         """Store what an ended run contributes to its session (replacing an earlier digest of the
-        same run), then recompute the session's counts and searchable text."""
+        same run), then recompute the session's counts and searchable text. Nothing for a run no
+        longer stored (its session was deleted meanwhile)."""
         columns = (
             "host_run_id",
             "actor_id",
@@ -196,12 +251,18 @@ class SessionIndexMixin:
         )
         updates = ", ".join(f"{c} = excluded.{c}" for c in columns[1:])
         with self._write():
+            if not self._run_stored(digest["host_run_id"]):
+                return
             self._sql(
                 f"INSERT INTO {self._rd} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                 f" ON CONFLICT (host_run_id) DO UPDATE SET {updates}",
                 [digest[c] for c in columns],
             )
             self._recompute_session(digest["actor_id"], digest["session_id"])
+
+    def _run_stored(self, host_run_id: str) -> bool:
+        runs = self._qualified(self.models.run._meta.table_name)
+        return self._sql(f"SELECT 1 FROM {runs} WHERE host_run_id = ?", (host_run_id,)).fetchone() is not None
 
     def _recompute_session(self, actor_id: str, session_id: str) -> None:
         rows = self._sql(
@@ -246,10 +307,13 @@ class SessionIndexMixin:
         if not self.is_sqlite:
             self._sql(
                 f"UPDATE {self._si} SET search_doc ="
-                " setweight(to_tsvector('simple', title), 'A') || setweight(to_tsvector('simple', questions), 'A')"
-                " || setweight(to_tsvector('simple', answers), 'B') || setweight(to_tsvector('simple', tools), 'C')"
-                " || setweight(to_tsvector('simple', files), 'C') WHERE actor_id = ? AND session_id = ?",
-                (actor_id, session_id),
+                " setweight(to_tsvector('simple', replace(title, '<', ?)), 'A')"
+                " || setweight(to_tsvector('simple', replace(questions, '<', ?)), 'A')"
+                " || setweight(to_tsvector('simple', replace(answers, '<', ?)), 'B')"
+                " || setweight(to_tsvector('simple', replace(tools, '<', ?)), 'C')"
+                " || setweight(to_tsvector('simple', replace(files, '<', ?)), 'C')"
+                " WHERE actor_id = ? AND session_id = ?",
+                (*[PG_LT] * 5, actor_id, session_id),
             )
             return
         row = self._sql(
@@ -389,39 +453,57 @@ class SessionIndexMixin:
         offset: int = 0,
     ) -> list[dict[str, Any]]:
         """Sessions matching every word of ``query`` (prefixes match), best first, each with a
-        ``snippet`` whose hits are between HIT_START and HIT_END."""
+        ``snippet``: ``(text, hit)`` pieces."""
         terms = query_terms(query)
         if not terms:
             return []
         columns = ", ".join(f"si.{c}" for c in _INDEX_COLUMNS)
         where, params = self._filters(actor_id, agent_id, statuses, "si.")
+        restore: dict[str, str] = {}
         if self.is_sqlite:
             match = " ".join('"' + term.replace('"', '""') + '"*' for term in terms)
+            text = " || ".join(f"{self._fts}.{c}" for c in ("title", "questions", "answers", "tools", "files"))
+            # A row holding a marker character gets its snippet built here (`reserved`).
             rows = self._sql(
-                f"SELECT {columns}, snippet({self._fts}, -1, ?, ?, '…', 16) AS snip,"
-                f" bm25({self._fts}, 6.0, 4.0, 2.0, 1.0, 1.0) AS score"
+                f"SELECT {columns}, snippet({self._fts}, -1, ?, ?, '…', {SNIPPET_WORDS}) AS snip,"
+                f" bm25({self._fts}, 6.0, 4.0, 2.0, 1.0, 1.0) AS score,"
+                f" instr({text}, ?) > 0 OR instr({text}, ?) > 0 AS reserved"
                 f" FROM {self._fts} JOIN {self._si} si ON si.id = {self._fts}.rowid"
                 f" WHERE {self._fts} MATCH ? AND {where} ORDER BY score, si.session_id LIMIT ? OFFSET ?",
-                [HIT_START, HIT_END, match, *params, limit, offset],
+                [HIT_START, HIT_END, HIT_START, HIT_END, match, *params, limit, offset],
             ).fetchall()
         else:
+            restore[PG_LT] = "<"
             tsquery = " & ".join(f"{term}:*" for term in terms)
             options = f"StartSel={HIT_START}, StopSel={HIT_END}, MaxFragments=2, MaxWords=24, MinWords=6"
             rows = self._sql(
-                f"SELECT {', '.join(f'hit.{c}' for c in _INDEX_COLUMNS)}, ts_headline('simple',"
-                " concat_ws(' … ', hit.title, hit.questions, hit.answers, hit.tools, hit.files), hit.q, ?) AS snip,"
-                f" hit.score FROM (SELECT {columns}, si.questions, si.answers, si.tools, si.files,"
-                " q, ts_rank_cd(si.search_doc, q) AS score"
+                f"SELECT {', '.join(f'h.{c}' for c in _INDEX_COLUMNS)},"
+                " CASE WHEN h.reserved THEN NULL ELSE ts_headline('simple', replace(h.doc, '<', ?), h.q, ?) END,"
+                " h.score, h.reserved FROM (SELECT hit.*,"
+                " strpos(hit.doc, ?) > 0 OR strpos(hit.doc, ?) > 0 OR strpos(hit.doc, ?) > 0 AS reserved"
+                f" FROM (SELECT {columns}, concat_ws(' … ', si.title, si.questions, si.answers, si.tools, si.files)"
+                " AS doc, q, ts_rank_cd(si.search_doc, q) AS score"
                 f" FROM {self._si} si, to_tsquery('simple', ?) q WHERE si.search_doc @@ q AND {where}"
-                " ORDER BY score DESC, si.session_id LIMIT ? OFFSET ?) hit ORDER BY hit.score DESC, hit.session_id",
-                [options, tsquery, *params, limit, offset],
+                " ORDER BY score DESC, si.session_id LIMIT ? OFFSET ?) hit) h ORDER BY h.score DESC, h.session_id",
+                [PG_LT, options, HIT_START, HIT_END, PG_LT, tsquery, *params, limit, offset],
             ).fetchall()
         found = []
+        n = len(_INDEX_COLUMNS)
         for row in rows:
             item = self._index_row(row)
-            item["snippet"], item["score"] = row[len(_INDEX_COLUMNS)], float(row[len(_INDEX_COLUMNS) + 1])
+            if row[n + 2]:
+                item["snippet"] = snippet_pieces(self._search_text(item["id"]), terms)
+            else:
+                item["snippet"] = marked_pieces(row[n] or "", restore)
+            item["score"] = float(row[n + 1])
             found.append(item)
         return found
+
+    def _search_text(self, index_id: int) -> str:
+        row = self._sql(
+            f"SELECT title, questions, answers, tools, files FROM {self._si} WHERE id = ?", (index_id,)
+        ).fetchone()
+        return " … ".join(part for part in row or () if part)
 
     def runs_without_digest(self, limit: int = 1000) -> list[Run]:
         """Ended runs whose digest is missing (e.g. marked interrupted at start-up)."""

@@ -1,0 +1,129 @@
+"""What users and agents write survives the session routes as written, on both storage backends:
+the Markdown export fences every message body (a user's ``# Heading``, HTML or a fence of its own
+stays inside its message) and escapes everything else; search snippets escape text that looks
+like a tag instead of dropping it, and no stored character (U+E000/U+E001, the engines' hit
+markers; U+0001, PostgreSQL's stand-in for ``<``) can become highlight markup."""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+from markdown_it import MarkdownIt
+
+from tests.conftest import run_to_end
+from tests.test_sessions_api import ALICE, auth, body, gateway, get_json
+
+TAGGED = "ECHO-LAST<<SLOW 0.35 18>>"
+PRIVATE = "private \ue000use\ue001 area ctrl\x01char"
+MARK = re.compile(r"</?mark>")
+
+
+def plain(snippet: str) -> str:
+    """A snippet's text as a browser shows it."""
+    return html.unescape(MARK.sub("", snippet))
+
+
+def marked(snippet: str) -> list[str]:
+    return re.findall(r"<mark>(.*?)</mark>", snippet)
+
+
+async def search(client: Any, query: str) -> dict[str, str]:
+    found = await get_json(client, "/v1/sessions", q=query)
+    return {s["sessionId"]: s["snippet"] for s in found["sessions"]}
+
+
+async def test_snippets_escape_tags_and_never_turn_stored_text_into_marks(make_gateway: Any, storage_kind: str) -> None:
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    await run_to_end(client, body("s-tag", TAGGED, "t1"), headers=auth(ALICE))
+    await run_to_end(client, body("s-pua", PRIVATE, "p1"), headers=auth(ALICE))
+
+    snippet = (await search(client, "echo"))["s-tag"]
+    assert TAGGED in plain(snippet)  # nothing that looks like a tag is dropped
+    assert "ECHO-LAST&lt;&lt;SLOW 0.35 18&gt;&gt;" in MARK.sub("", snippet)  # escaped, not passed through
+    assert marked(snippet) and {m.casefold() for m in marked(snippet)} == {"echo"}
+    assert MARK.sub("", snippet).count("<") == 0  # <mark> is the only markup
+    # The words inside the tag-like text are searchable too (PostgreSQL's parser skipped them).
+    snippet = (await search(client, "slow"))["s-tag"]
+    assert TAGGED in plain(snippet) and {m.casefold() for m in marked(snippet)} == {"slow"}
+
+    snippet = (await search(client, "private"))["s-pua"]
+    assert {m.casefold() for m in marked(snippet)} == {"private"}  # not the stored "\ue000use\ue001"
+    assert "\ue000use\ue001" in plain(snippet) and "ctrl\x01char" in plain(snippet)
+    assert "<" not in MARK.sub("", snippet)
+    snippet = (await search(client, "area"))["s-pua"]
+    assert {m.casefold() for m in marked(snippet)} == {"area"}
+    assert "\ue000use\ue001" in plain(snippet)
+
+
+def fences(markdown: str) -> list[str]:
+    return [token.content for token in MarkdownIt("commonmark").parse(markdown) if token.type == "fence"]
+
+
+def headings(markdown: str) -> list[tuple[str, str]]:
+    """(tag, text as shown) of each heading; the text must be plain (no markup, no link)."""
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    found = []
+    for i, token in enumerate(tokens):
+        if token.type == "heading_open":
+            children = tokens[i + 1].children or []
+            assert all(child.type == "text" for child in children), children
+            found.append((token.tag, "".join(child.content for child in children)))
+    return found
+
+
+async def test_markdown_export_keeps_each_body_inside_its_message(make_gateway: Any, storage_kind: str) -> None:
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    question = "# Heading\n<b>bold</b> and <script>alert(1)</script>\n````\n``` a fence of my own\n" + TAGGED
+    await run_to_end(client, body("s-md", question, "m1"), headers=auth(ALICE))
+    await run_to_end(client, body("s-md", "second *turn*", "m2"), headers=auth(ALICE))
+
+    response = await client.get("/v1/sessions/s-md/export", params={"format": "markdown"}, headers=auth(ALICE))
+    assert response.status == 200 and response.content_type == "text/markdown"
+    markdown = await response.text()
+    # The export's structure alone: the title (the first line, shown as written), one heading per run.
+    assert headings(markdown) == [
+        ("h1", "# Heading"),
+        ("h2", "Run 1 — completed, new_session"),
+        ("h2", "Run 2 — completed, native_live"),
+    ]
+    # Every body comes back whole and exactly, in order: question, thoughts, answer of each run.
+    assert fences(markdown) == [
+        question + "\n",
+        "secret pondering\n",
+        f"Here is about {question}\n",
+        "second *turn*\n",
+        "secret pondering\n",
+        "Here is about second *turn*\n",
+    ]
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    rendered = MarkdownIt("commonmark").render(markdown)
+    assert "<b>" not in rendered and "<script>" not in rendered and "&lt;b&gt;bold&lt;/b&gt;" in rendered
+    assert "<em>turn</em>" not in rendered
+    # The only HTML the export writes itself is the folding of thoughts.
+    raw = {t.content.strip() for t in tokens if t.type == "html_block"}
+    assert raw == {"<details><summary>Thoughts</summary>", "</details>"}
+
+    # A custom title with HTML and Markdown in it is text on the heading's line.
+    response = await client.patch(
+        "/v1/sessions/s-md", json={"title": "<b>*Bold*</b> [x](javascript:alert(1))\n# two"}, headers=auth(ALICE)
+    )
+    assert response.status == 200
+    response = await client.get("/v1/sessions/s-md/export", params={"format": "markdown"}, headers=auth(ALICE))
+    found = headings(await response.text())
+    assert [tag for tag, _ in found] == ["h1", "h2", "h2"]
+    assert found[0][1] == "<b>*Bold*</b> [x](javascript:alert(1)) # two"
+
+
+def test_a_snippet_built_by_the_gateway_shows_the_words_around_the_first_hit() -> None:
+    from agent_gateway.plugins.journal_peewee.sessions import snippet_pieces
+
+    text = " ".join(f"w{i}" for i in range(100)) + " \ue000Target\ue001 <b> " + " ".join(f"x{i}" for i in range(100))
+    pieces = snippet_pieces(text, ["targ"])
+    assert pieces[0] == ("…", False) and pieces[-1] == ("…", False)
+    assert [t for t, hit in pieces if hit] == ["Target"]
+    shown = "".join(t for t, _ in pieces)
+    assert "w99 \ue000Target\ue001 <b> x0" in shown and len(shown.split()) <= 18
+    assert snippet_pieces("no hit here", ["zzz"]) == [("no hit here", False)]
+    assert snippet_pieces("", ["a"]) == []
