@@ -172,6 +172,8 @@ async def test_an_agent_reaches_only_what_its_run_may(
 
     for target in ("127.0.0.1:5432", "127.0.0.1:6379", "169.254.169.254:80"):
         assert refused(seen[f"connect {target}"]), (target, seen[f"connect {target}"])
+    metrics = await (await client.get("/metrics", headers=ALICE)).text()
+    assert 'agent_gateway_sandbox_egress_total{outcome="allowed"} 1' in metrics, metrics
     assert seen["http " + fake_llm.base_url.rstrip("/") + "/models"].startswith("ok:200 ")
     for path in ("/v1/sessions", "/v1/health"):
         answer = seen[f"http http://127.0.0.1:{gateway_port}{path}"]
@@ -334,3 +336,36 @@ network = ["127.0.0.1:8000"]
     done = CliRunner().invoke(cli, ["doctor", "--config", str(config)])
     assert done.exit_code == 1
     assert "probe: REFUSED:" in done.output and "bwrap" in done.output
+
+
+async def test_the_egress_proxy_relays_only_what_the_allow_list_names(fake_llm: FakeOpenAI) -> None:
+    import asyncio
+
+    from agent_gateway.sandbox.egress import SandboxNetwork
+
+    network = SandboxNetwork()
+    proxy = await network.open_egress([("127.0.0.1", fake_llm.port)])
+    try:
+
+        async def connect(target: str) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
+            reader, writer = await asyncio.open_unix_connection(str(proxy.path))
+            writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            async with asyncio.timeout(WAIT):
+                head = await reader.readuntil(b"\r\n\r\n")
+            return head, reader, writer
+
+        for target in ("127.0.0.1:6379", "127.0.0.1:5432", "169.254.169.254:80", f"localhost:{fake_llm.port}"):
+            head, _, writer = await connect(target)
+            assert head.startswith(b"HTTP/1.1 403 "), (target, head)
+            writer.close()
+        head, reader, writer = await connect(f"127.0.0.1:{fake_llm.port}")
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(WAIT):
+            answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        writer.close()
+        assert network.counters == {"denied": 4, "allowed": 1}
+    finally:
+        await proxy.close()
+        await network.close()

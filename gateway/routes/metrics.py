@@ -38,6 +38,13 @@ def render(gateway: Gateway) -> str:
         [(f'{{status="{s}"}}', gateway.runs.finished.get(s, 0)) for s in sorted(TERMINAL_STATUSES)],
     )
     metric("agent_gateway_runs_created_total", "counter", "Runs created by this process.", [("", gateway.runs.created)])
+    egress = gateway.sandbox_network.counters
+    metric(
+        "agent_gateway_sandbox_egress_total",
+        "counter",
+        "Connections confined agents asked the gateway to open, by outcome (denied: not on the agent's allow list).",
+        [(f'{{outcome="{o}"}}', egress.get(o, 0)) for o in ("allowed", "denied")],
+    )
     journal, stats = gateway.journal, gateway.stream_stats
     metric(
         "agent_gateway_events_appended_total", "counter", "Events appended to the journal.", [("", journal.appended)]
