@@ -9,7 +9,7 @@ Runs use them: :func:`apply_run_defaults` fills a run body's missing ``agentId``
 (``ai.common.defaultAgent``), ``context.refs`` (``ai.common.defaultContextRefs``) and
 ``options.model`` / ``options.profile`` (``ai.agent.<agentId>.model`` / ``.profile``);
 :func:`disabled_capabilities_for` gives the capabilities switched off for an actor's agent, which a
-run's :class:`~gateway.tools.RunScope` must carry (resolved on the server when the run starts,
+run's :class:`~agent_gateway.tools.RunScope` must carry (resolved on the server when the run starts,
 whatever a client cached).
 """
 
@@ -161,7 +161,8 @@ async def put_preferences(gateway: Gateway, actor_id: str, updates: Any) -> dict
 async def disabled_capabilities_for(gateway: Gateway, actor_id: str, agent_id: str) -> frozenset[str]:
     """The capabilities switched off for ``actor_id``'s runs of ``agent_id`` (agent-scope switch
     wins over ``ai.common``; tool capabilities of an agent without tool access count as off).
-    Call it when a run starts and pass it to ``gateway.tools.scope_for(run, disabled_capabilities=...)``."""
+    Call it when a run starts and pass it to the tool facade's ``scope_for(run,
+    disabled_capabilities=...)`` (:meth:`agent_gateway.tools.ToolFacade.scope_for`)."""
     registry = await registry_for(gateway)
     values = await load_values(gateway, actor_id)
     return registry.disabled_capabilities(agent_id, values)

@@ -13,7 +13,7 @@ Fixtures
   same ``data_dir`` (and ``schema``) again to start a second gateway on the same data.
   Every client is closed at teardown.
 - ``storage_kind``: parametrizes a test over ``"sqlite"`` and ``"postgres"``.
-- ``gateway_of(client)``: the :class:`gateway.app.Gateway` behind a test client.
+- ``gateway_of(client)``: the :class:`agent_gateway.app.Gateway` behind a test client.
 
 Helpers (plain functions, import them: ``from tests.conftest import run_to_end, sse_events``)
 - ``sse_events(response)``: async generator of ``{"id", "event", "data"}`` dicts parsed from an

@@ -1,4 +1,4 @@
-"""Tests for the ACP client transport (gateway.acp) against the fake ACP agents as real subprocesses."""
+"""Tests for the ACP client transport (agent_gateway.acp) against the fake ACP agents as real subprocesses."""
 
 from __future__ import annotations
 

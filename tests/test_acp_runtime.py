@@ -1,4 +1,4 @@
-"""The generic ACP runtime (gateway.acp.runtime) through the real gateway HTTP API.
+"""The generic ACP runtime (agent_gateway.acp.runtime) through the real gateway HTTP API.
 
 Every test registers an :class:`AcpRuntime` for one of the fake ACP agents
 (``contrib.fake_acp_agents``, real subprocesses) with an in-test plugin, then drives it with

@@ -6,6 +6,7 @@
 - Every ``describe()`` key and field-declaration key the descriptor code reads is documented.
 - The SSE frames the guide prints are what a run of the example really streams.
 - The Python blocks of the plugin docs parse, and their relative links lead to files.
+- Every ``agent_gateway.…`` name of docs/how-a-run-flows.md exists; docs/index.md lists every page.
 """
 
 from __future__ import annotations
@@ -125,3 +126,64 @@ def test_the_frames_the_guide_prints_are_what_the_example_streams(agw_client: Ga
         for e in agw_client.stream_to_end(receipt["hostRunId"])
     ]
     assert [(i, k, q, s, {} if k == "run.created" else p) for i, k, q, s, p in printed] == streamed
+
+
+FLOW = DOCS / "how-a-run-flows.md"
+DOTTED = re.compile(r"\bagent_gateway(?:\.\w+)+")
+
+
+def resolve(dotted: str) -> object:
+    """The object a dotted name names: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            target: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            target = getattr(target, name)
+        return target
+    raise ModuleNotFoundError(dotted)
+
+
+def test_every_name_the_run_flow_page_gives_exists() -> None:
+    names = sorted(set(DOTTED.findall(FLOW.read_text(encoding="utf-8"))))
+    assert len(names) >= 30, names  # the page names the modules a run goes through
+    missing = []
+    for name in names:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            missing.append(f"{name}: {exc}")
+    assert not missing, "how-a-run-flows.md names what the code does not have:\n" + "\n".join(missing)
+
+
+LINKED = [FLOW, DOCS / "index.md", DOCS / "performance.md", ROOT / "README.md"]
+
+
+@pytest.mark.parametrize("doc", LINKED, ids=lambda p: p.name)
+def test_relative_links_resolve(doc: Path) -> None:
+    text = doc.read_text(encoding="utf-8")
+    for target, anchor in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", text):
+        path = (doc.parent / target) if target else doc
+        assert path.exists(), f"{doc.name} links to {target}, which does not exist"
+        if anchor and path.suffix == ".md":
+            assert anchor in anchors(path), f"{doc.name} links to {target}#{anchor}, which has no such heading"
+
+
+def anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", doc.read_text(encoding="utf-8"), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        found.add(slug)
+    return found
+
+
+def test_the_index_lists_every_page() -> None:
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    unlisted = sorted(p.name for p in DOCS.glob("*.md") if p.name != "index.md" and f"]({p.name})" not in index)
+    assert not unlisted, f"docs/index.md does not list {unlisted}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    documentation = readme.split("## Documentation\n", 1)[1].lstrip()
+    assert documentation.splitlines()[0].count("(docs/index.md)"), "the README's Documentation section starts elsewhere"

@@ -3,7 +3,7 @@ stdio bridge as a real subprocess against a real gateway server, and the officia
 SDK as a client over both the bridge and HTTP.
 
 Runs are kept active with a chat-only run whose (fake) LLM call hangs until the run is cancelled;
-the tokens are run leases (:func:`gateway.mcp.wiring.run_lease`) or binding leases over a stand-in
+the tokens are run leases (:func:`agent_gateway.mcp.wiring.run_lease`) or binding leases over a stand-in
 binding. Every wait is bounded.
 """
 

@@ -1,4 +1,4 @@
-"""The peewee journal (plugins.journal_peewee) against the Storage contract, on SQLite and on a real
+"""The peewee journal (agent_gateway.plugins.journal_peewee) against the Storage contract, on SQLite and on a real
 PostgreSQL. PostgreSQL is not optional: CI starts it, and an unreachable server fails these tests.
 
 Each PostgreSQL test runs in a fresh schema (``ag_test_<random>``) that is dropped afterwards, so

@@ -1,7 +1,7 @@
 """The gateway's one tool surface for agents: the tool facade served as an MCP server.
 
 - :mod:`agent_gateway.mcp.server`: transport-independent MCP JSON-RPC handling (``initialize``,
-  ``ping``, ``tools/list``, ``tools/call``) over a :class:`gateway.tools.ToolFacade`.
+  ``ping``, ``tools/list``, ``tools/call``) over a :class:`agent_gateway.tools.ToolFacade`.
 - :mod:`agent_gateway.mcp.leases`: the credentials. A lease token is bound to one agent binding (or one
   run) and is good only while one of its runs is active; each call is attributed to that run.
 - :mod:`agent_gateway.mcp.http`: ``POST /v1/mcp`` (streamable HTTP, JSON responses), authorised by a

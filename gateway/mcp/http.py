@@ -2,7 +2,7 @@
 
 Authorisation is ``Authorization: Bearer <lease token>`` (see :mod:`agent_gateway.mcp.leases`), *not*
 an actor token: the route must be left out of the actor auth middleware (``MCP_PATH`` in
-``gateway.app.PUBLIC_PATHS``). A token that is unknown or revoked, or that has no active run right
+``agent_gateway.app.PUBLIC_PATHS``). A token that is unknown or revoked, or that has no active run right
 now, gets **401** with a JSON-RPC error ``-32001`` in the body (one per request of a batch) and
 ``WWW-Authenticate: Bearer``.
 

@@ -301,7 +301,7 @@ def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
 
 
 class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
-    """:class:`gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
+    """:class:`agent_gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
         self,

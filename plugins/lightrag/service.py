@@ -2,7 +2,7 @@
 
 Shared by the tools (``knowledge_rag.*``, called through the tool facade) and the plugin's HTTP
 routes (``/v1/knowledge/...``). Every answer is in workspace terms: references are mapped from the
-provider's ``file_path`` to workspace paths (see :mod:`plugins.lightrag.mapping`), and nothing the
+provider's ``file_path`` to workspace paths (see :mod:`agent_gateway.plugins.lightrag.mapping`), and nothing the
 provider says about itself (its URL, its storage folders) is passed on.
 
 Workspaces are isolated at the provider: a LightRAG server holds one knowledge base (1.5.x keeps

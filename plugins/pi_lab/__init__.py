@@ -1,4 +1,4 @@
-"""Pi-lab runtime plugin (agent id ``pi-lab``; entry point ``pi_lab = plugins.pi_lab``).
+"""Pi-lab runtime plugin (agent id ``pi-lab``; entry point ``pi_lab = agent_gateway.plugins.pi_lab``).
 
 Hosts ``pi --mode rpc`` (``@earendil-works/pi-coding-agent`` 1.x on Node ≥ 22) with its own agent
 directory (``<data_dir>/runtimes/pi/agent``: ``models.json``, ``mcp.json``) and a session

@@ -1,4 +1,4 @@
-"""Built-in plugin: workspace tools for agents (entry point ``workspace = plugins.workspace``).
+"""Built-in plugin: workspace tools for agents (entry point ``workspace = agent_gateway.plugins.workspace``).
 
 Tools (all through the tool facade, so every call is path-checked, version-checked, vetoable and
 receipted): ``workspace.read_current_page``, ``workspace.read_selection``,
