@@ -168,7 +168,15 @@ async def test_an_agent_installed_later_is_offered_once_the_descriptors_are_read
     program = tmp_path / "late-agent"
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     client = await make_gateway(
-        overrides={"acp_agents": {"late__command": [str(program)], "late__env": env}}, tokens={TOKEN: "alice"}
+        overrides={
+            "acp_agents": {
+                "late__command": [str(program)],
+                "late__env": env,
+                # the launcher's agent script, which nothing in its command names
+                "late__sandbox_read_only": [str(Path(FAKE_ACP_AGENT).parent)],
+            }
+        },
+        tokens={TOKEN: "alice"},
     )
     gateway_of(client).runs.availability.ttl = 3600.0  # nothing but a descriptor read refreshes it
     response = await client.post("/v1/runs", json=run_body("hi", agentId="late"), headers=AUTH)

@@ -95,10 +95,10 @@ class McpAgentPlugin:
 
     def record(self, gateway: Gateway) -> None:
         """Wrap the gateway's provider of mcpServers entries to keep what it gives."""
-        provide: Callable[[Turn, RuntimePolicy], list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
+        provide: Callable[..., list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
 
-        def recording(turn: Turn, policy: RuntimePolicy) -> list[dict[str, Any]]:
-            entries = provide(turn, policy)
+        def recording(turn: Turn, policy: RuntimePolicy, **where: Any) -> list[dict[str, Any]]:
+            entries = provide(turn, policy, **where)  # where: the agent's view of the gateway's URL
             self.entries.extend(entries)
             return entries
 

@@ -237,9 +237,14 @@ def children(pid: int) -> list[int]:
 
 
 def agent_process(pid: int) -> int:
-    """The process doing the agent's work under the one the gateway started: `bin/reasonix` is an
-    npm launcher (`node`, spawnSync of the Go binary); Hermes' entry point is the agent itself."""
-    while os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("node"):
+    """The process doing the agent's work under the one the gateway started: through its sandbox
+    (bubblewrap, its PID namespace's init, the network supervisor), then `bin/reasonix`, an npm
+    launcher (`node`, spawnSync of the Go binary); Hermes' entry point is the agent itself."""
+    for _ in range(8):
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if exe != "bwrap" and b"sandbox/supervisor.py" not in command and not exe.startswith("node"):
+            break
         (pid,) = children(pid)
     return pid
 
@@ -451,7 +456,8 @@ async def test_hermes_with_its_session_store_wiped_falls_back_and_the_turn_succe
     first, events1 = await session.turn(turn1[0])
     assert_completed(first, events1)
     await client.close()  # Hermes stops with the gateway ...
-    assert "state.db" in wipe_hermes_sessions(agent_state / "hermes")  # ... and loses its sessions
+    # ... and loses its sessions (its home is per actor: <hermes_home>/<actor>)
+    assert "state.db" in wipe_hermes_sessions(agent_state / "hermes" / "local")
 
     client = await make_gateway(config, data_dir=data_dir)
     session = Session(client, agent)

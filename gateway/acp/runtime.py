@@ -274,6 +274,7 @@ class Binding:
         # The gateway URL the agent calls its MCP surface on from inside its sandbox (None: the gateway's).
         self.mcp_base_url: str | None = None
         self.confinement = ""
+        self.confined = False
 
     @property
     def alive(self) -> bool:
@@ -594,6 +595,7 @@ class AcpRuntime:
         binding = Binding(key, process, str(launch.workspace_dir))
         binding.mcp_base_url = command.mcp_base_url
         binding.confinement = command.confinement
+        binding.confined = command.confined
         binding_box["b"] = binding
         try:
             await process.start()
@@ -787,7 +789,8 @@ class AcpRuntime:
         except AcpRemoteError as exc:
             return None, {"reason": "error", "message": f"session/load answered error {exc.code}: {exc.message}"}
         except AcpProcessExited as exc:
-            return None, {"reason": "exited", "message": f"the agent process {_exit_text(exc)} during session/load"}
+            code = _exit_code(exc, binding.confined)
+            return None, {"reason": "exited", "message": f"the agent process {_exit_text(code)} during session/load"}
         except AcpTimeout:
             timeout = self.spec.session_timeout
             return None, {"reason": "timeout", "message": f"session/load got no answer within {timeout:g} s"}
@@ -964,10 +967,11 @@ class AcpRuntime:
         error = prompt.exception() if not prompt.cancelled() else None
         if isinstance(error, AcpProcessExited):
             tail = (error.stderr_tail or "").strip()[-2000:]
+            code = _exit_code(error, bool(turn.binding is not None and getattr(turn.binding, "confined", False)))
             return TurnOutcome(
                 "failed",
-                f"the agent process {_exit_text(error)}" + (f"; stderr: {tail}" if tail else ""),
-                {"exitCode": error.returncode},
+                f"the agent process {_exit_text(code)}" + (f"; stderr: {tail}" if tail else ""),
+                {"exitCode": code},
             )
         if isinstance(error, AcpRemoteError):
             return TurnOutcome(
@@ -1103,10 +1107,20 @@ def _after_exit(process: AcpProcess, cleanup: Callable[[], Awaitable[None]]) -> 
 _CLEANUPS: set[asyncio.Task[None]] = set()
 
 
-def _exit_text(error: AcpProcessExited) -> str:
-    how = f"exited with code {error.returncode}"
-    if error.returncode is not None and error.returncode < 0:
-        how += f" (killed by signal {_signal_name(-error.returncode)})"
+def _exit_code(error: AcpProcessExited, confined: bool) -> int | None:
+    """The agent's exit code as if it were the gateway's own child: a sandbox reports its agent's
+    death by signal N as exit code 128 + N (bubblewrap does); it is -N, as for any child."""
+    code = error.returncode
+    if confined and code is not None and code > 128:
+        with contextlib.suppress(ValueError):
+            return -signal.Signals(code - 128).value
+    return code
+
+
+def _exit_text(code: int | None) -> str:
+    how = f"exited with code {code}"
+    if code is not None and code < 0:
+        how += f" (killed by signal {_signal_name(-code)})"
     return how
 
 
