@@ -81,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "SandboxUnavailable": "agent_gateway.sandbox",
     "SandboxError": "agent_gateway.sandbox",
     "endpoint_of_url": "agent_gateway.sandbox",
+    "write_home_file": "agent_gateway.sandbox",
 }
 
 # public names that differ from the internal one
@@ -144,6 +145,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "SandboxUnavailable",
     "SandboxError",
     "endpoint_of_url",
+    "write_home_file",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
@@ -169,7 +171,14 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.plugin_host import PluginError
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
-    from agent_gateway.sandbox import AgentLaunch, SandboxedCommand, SandboxError, SandboxUnavailable, endpoint_of_url
+    from agent_gateway.sandbox import (
+        AgentLaunch,
+        SandboxedCommand,
+        SandboxError,
+        SandboxUnavailable,
+        endpoint_of_url,
+        write_home_file,
+    )
     from agent_gateway.sessions import (
         SHORT_REPLY_WARNING,
         SessionStrategy,

@@ -369,3 +369,24 @@ async def test_the_egress_proxy_relays_only_what_the_allow_list_names(fake_llm: 
     finally:
         await proxy.close()
         await network.close()
+
+
+def test_a_symlink_an_agent_leaves_in_its_home_is_replaced_not_written_through(tmp_path: Path) -> None:
+    """The gateway (root, where agents run as nobody) rewrites an agent's config in its home
+    before every start: a symlink the agent planted there must not aim that write elsewhere."""
+    from agent_gateway import write_home_file
+    from agent_gateway.plugins.hermes import write_hermes_config
+
+    home = tmp_path / "home"
+    home.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the gateway's own file", encoding="utf-8")
+    (home / "config.yaml").symlink_to(precious)
+    write_hermes_config(home, "http://127.0.0.1:9/v1", "m", "key", 1000)
+    assert precious.read_text(encoding="utf-8") == "the gateway's own file"
+    assert not (home / "config.yaml").is_symlink() and "127.0.0.1:9" in (home / "config.yaml").read_text()
+
+    (home / "sub").symlink_to(tmp_path)
+    with pytest.raises(Exception, match="symlink"):
+        write_home_file(home / "sub" / "x.toml", "x")
+    assert not (tmp_path / "x.toml").exists()

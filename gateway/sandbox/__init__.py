@@ -185,6 +185,26 @@ def safe_name(text: str) -> str:
     return clean
 
 
+def write_home_file(path: Path, text: str) -> None:
+    """Write a file the gateway keeps in an agent's home (its config): through a new file and a
+    rename, so that whatever the agent left at ``path`` (a symlink to a file of the gateway's) is
+    replaced, never written through. The folder itself must not be a symlink."""
+    folder = path.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_symlink():
+        raise SandboxError(f"{folder} is a symlink; refusing to write {path.name} through it")
+    temporary = folder / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+
+
 # -- what an agent must read ---------------------------------------------------------------------
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -462,4 +482,5 @@ __all__ = [
     "program_paths",
     "safe_name",
     "validate_section",
+    "write_home_file",
 ]

@@ -22,6 +22,7 @@ from agent_gateway import (
     hookimpl,
     spec_options,
     validate_section,
+    write_home_file,
 )
 
 SECTION = "hermes"
@@ -57,10 +58,10 @@ def write_hermes_config(home: Path, base_url: str, model: str, api_key: str, con
             "context_length": context_length,
         }
     }
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "config.yaml").write_text(
+    # The home is the agent's: write through a rename, never through what it left there.
+    write_home_file(
+        home / "config.yaml",
         "# Written by agent-gateway from its [hermes] section; edits are overwritten.\n" + json.dumps(config, indent=2),
-        encoding="utf-8",
     )
 
 

@@ -25,6 +25,7 @@ from agent_gateway import (
     hookimpl,
     spec_options,
     validate_section,
+    write_home_file,
 )
 
 SECTION = "reasonix"
@@ -67,8 +68,8 @@ def write_reasonix_toml(
         f"model = {_toml_string(model or 'default')}\n"
         f"api_key_env = {_toml_string(api_key_env)}\n"
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / name).write_text(text, encoding="utf-8")
+    # The folder is the agent's home: write through a rename, never through what it left there.
+    write_home_file(directory / name, text)
 
 
 @hookimpl
