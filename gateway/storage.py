@@ -32,7 +32,9 @@ class StorageUnavailable(Exception):
 
 class Storage(Protocol):
     def open(self) -> None:
-        """Connect and create missing tables. Called once at start-up."""
+        """Connect and bring the tables to this release's schema (creating them in a new database).
+        Called once at start-up; an exception (e.g. a database a newer release migrated) stops
+        the start with its message on one line."""
 
     def close(self) -> None: ...
 

@@ -52,7 +52,6 @@ log = logging.getLogger("agent_gateway.cluster")
 ACTIVE = ("pending", "queued", "running", "awaiting_permission")
 # Writes of a run: fenced by the instance's lease.
 FENCED_METHODS = frozenset({"insert_run", "update_run", "append_events", "put_session", "insert_receipt"})
-SCHEMA_LOCK_KEY = 0x61675F636C757374  # "ag_clust": serialises creating the cluster tables
 # Committed batches waiting for Redis; beyond this, the oldest are dropped and every stream resyncs.
 PUBLISH_BACKLOG = 10_000
 RECONNECT_MAX_SECONDS = 2.0
@@ -62,6 +61,29 @@ STOP_FLUSH_SECONDS = 5.0
 REJECTED_LOG_SECONDS = 60.0
 OWNER_UNAVAILABLE = "the instance that runs this session cannot be reached right now; retry"
 MIN_SECRET_BYTES = 32
+
+
+def _cluster_1(ctx: Any) -> None:
+    """the cluster tables as of 0.1.0: instances (leases), session owners, run owners"""
+    # Create-if-missing: the tables an unversioned release made are taken as they are.
+    ctx.sql(
+        f"CREATE TABLE IF NOT EXISTS {ctx.table('cluster_instances')} (instance_id TEXT PRIMARY KEY, "
+        "token BIGINT NOT NULL, url TEXT, started_at TIMESTAMPTZ NOT NULL DEFAULT now(), "
+        "expires_at TIMESTAMPTZ NOT NULL)"
+    )
+    ctx.sql(
+        f"CREATE TABLE IF NOT EXISTS {ctx.table('cluster_sessions')} (actor_id TEXT NOT NULL, "
+        "session_id TEXT NOT NULL, instance_id TEXT NOT NULL, PRIMARY KEY (actor_id, session_id))"
+    )
+    ctx.sql(
+        f"CREATE TABLE IF NOT EXISTS {ctx.table('cluster_runs')} (host_run_id TEXT PRIMARY KEY, "
+        "instance_id TEXT NOT NULL)"
+    )
+
+
+# The cluster tables' numbered migrations (the journal's migration runner applies them at start;
+# append only: the Nth function brings them to version N).
+CLUSTER_MIGRATIONS = (_cluster_1,)
 
 
 def _is_terminal_status(status: str) -> bool:
@@ -166,21 +188,8 @@ class RedisCoordinator(Coordinator):
         return self._inner.database.execute_sql(sql, params)
 
     def _create_tables(self) -> None:
-        with self._inner.database.atomic():
-            self._sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
-            self._sql(
-                f"CREATE TABLE IF NOT EXISTS {self._table('instances')} (instance_id TEXT PRIMARY KEY, "
-                "token BIGINT NOT NULL, url TEXT, started_at TIMESTAMPTZ NOT NULL DEFAULT now(), "
-                "expires_at TIMESTAMPTZ NOT NULL)"
-            )
-            self._sql(
-                f"CREATE TABLE IF NOT EXISTS {self._table('sessions')} (actor_id TEXT NOT NULL, "
-                "session_id TEXT NOT NULL, instance_id TEXT NOT NULL, PRIMARY KEY (actor_id, session_id))"
-            )
-            self._sql(
-                f"CREATE TABLE IF NOT EXISTS {self._table('runs')} (host_run_id TEXT PRIMARY KEY, "
-                "instance_id TEXT NOT NULL)"
-            )
+        # Versioned beside the journal's ("cluster" in its schema_version table), under its lock.
+        self._inner.migrate_schema("cluster", CLUSTER_MIGRATIONS, legacy_table="cluster_instances")
 
     # -- the lease ------------------------------------------------------------------------------
     def check_lease(self) -> None:

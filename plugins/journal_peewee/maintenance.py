@@ -119,13 +119,6 @@ class MaintenanceMixin:
     def _spans(self) -> str:
         return self._qualified(f"{self.table_prefix}event_spans")
 
-    def _open_maintenance(self) -> None:
-        """Create the spans table (inside open()'s transaction)."""
-        self._sql(
-            f"CREATE TABLE IF NOT EXISTS {self._spans} (host_run_id TEXT NOT NULL, last_seq BIGINT NOT NULL,"
-            " first_seq BIGINT NOT NULL, lengths TEXT NOT NULL, PRIMARY KEY (host_run_id, last_seq))"
-        )
-
     @property
     def _rd_table(self) -> str:
         return self._qualified(f"{self.table_prefix}run_digests")

@@ -150,40 +150,6 @@ class SessionIndexMixin:
             sql = sql.replace("?", "%s")
         return self.database.execute_sql(sql, list(params))
 
-    def _open_session_index(self) -> None:
-        """Create the session index tables (inside open()'s transaction)."""
-        p = self.table_prefix
-        key = "INTEGER PRIMARY KEY AUTOINCREMENT" if self.is_sqlite else "BIGSERIAL PRIMARY KEY"
-        text = ", ".join(f"{c} TEXT NOT NULL DEFAULT ''" for c in ("questions", "answers", "tools", "files"))
-        self._sql(
-            f"CREATE TABLE IF NOT EXISTS {self._si} (id {key}, actor_id TEXT NOT NULL, session_id TEXT NOT NULL,"
-            " workspace_id TEXT NOT NULL, agent_id TEXT NOT NULL, profile TEXT, model TEXT,"
-            " title TEXT NOT NULL DEFAULT '', title_custom INTEGER NOT NULL DEFAULT 0,"
-            " pinned INTEGER NOT NULL DEFAULT 0, run_count INTEGER NOT NULL DEFAULT 0,"
-            " message_count INTEGER NOT NULL DEFAULT 0, tool_count INTEGER NOT NULL DEFAULT 0,"
-            " last_mode TEXT, last_status TEXT, last_run_id TEXT, created_at BIGINT NOT NULL,"
-            f" updated_at BIGINT NOT NULL, {text}, UNIQUE (actor_id, session_id))"
-        )
-        self._sql(
-            f"CREATE INDEX IF NOT EXISTS {p}session_index_order"
-            f" ON {self._si} (actor_id, pinned, updated_at, session_id)"
-        )
-        self._sql(
-            f"CREATE TABLE IF NOT EXISTS {self._rd} (host_run_id TEXT PRIMARY KEY, actor_id TEXT NOT NULL,"
-            " session_id TEXT NOT NULL, created_at BIGINT NOT NULL, status TEXT, question TEXT NOT NULL,"
-            " answer TEXT NOT NULL, tools TEXT NOT NULL, files TEXT NOT NULL, message_count INTEGER NOT NULL,"
-            " tool_count INTEGER NOT NULL, mode TEXT, agent_session_id TEXT)"
-        )
-        self._sql(f"CREATE INDEX IF NOT EXISTS {p}run_digests_session ON {self._rd} (actor_id, session_id)")
-        if self.is_sqlite:
-            self._sql(
-                f"CREATE VIRTUAL TABLE IF NOT EXISTS {self._fts} USING fts5("
-                "title, questions, answers, tools, files, tokenize='unicode61')"
-            )
-        else:
-            self._sql(f"ALTER TABLE {self._si} ADD COLUMN IF NOT EXISTS search_doc tsvector")
-            self._sql(f"CREATE INDEX IF NOT EXISTS {p}session_index_search ON {self._si} USING GIN (search_doc)")
-
     # -- writes ---------------------------------------------------------------------------------
     def touch_session_index(self, run: Run) -> None:
         """Create or update the session's index row from one of its runs (status, agent, mode).

@@ -19,6 +19,9 @@ inserted, receipts are stored once). When no connection can be opened the call r
 ``StorageUnavailable``. PostgreSQL connections time out after ``connect_timeout`` seconds (5 unless
 the URL says otherwise), so an unreachable server is reported instead of waited on.
 
+``open()`` brings the schema to this release's version with the numbered migrations of
+migrations.py (and refuses a database a newer release migrated).
+
 The hot path, :meth:`PeeweeStorage.append_events`, bypasses the query builder
 and feeds the connection's cursor directly (SQLite: multi-row ``INSERT ... VALUES`` of up to 512
 rows each; psycopg2 ``execute_values``).
@@ -46,6 +49,7 @@ from playhouse import db_url
 from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
 
 from .maintenance import MaintenanceMixin
+from .migrations import JOURNAL, JOURNAL_MIGRATIONS, Migration, read_version, run_migrations
 from .sessions import SessionIndexMixin
 
 log = logging.getLogger("agent_gateway.storage")
@@ -58,8 +62,6 @@ DEFAULT_TABLE_PREFIX = "ag_"
 DEFAULT_BUSY_TIMEOUT_MS = 15_000
 # Seconds a PostgreSQL connect may take (unless the URL sets connect_timeout).
 DEFAULT_CONNECT_TIMEOUT_S = 5
-# The PostgreSQL advisory lock key that serialises schema creation (any fixed 64-bit number).
-SCHEMA_LOCK_KEY = 0x61675F736368656D  # "ag_schem"
 # Rows per statement for the PostgreSQL multi-row VALUES insert.
 PG_PAGE_SIZE = 1_000
 # Rows per SQLite INSERT: 6 values each, 3,072 parameters (SQLite allows 32,766).
@@ -425,25 +427,30 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
 
     # -- lifecycle --------------------------------------------------------------------------
     def open(self) -> None:
-        """Connect and create missing tables (and the schema / SQLite folder). Idempotent."""
+        """Connect and bring the schema to this release's version (creating the tables of a new
+        database, the PostgreSQL schema, the SQLite folder): the numbered migrations of
+        migrations.py, under the schema lock. Raises SchemaVersionTooNew, having changed
+        nothing, when a newer release migrated the database. Idempotent."""
         with self._open_lock:
             if self._opened:
                 return
             if self.path is not None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             self.database.connect(reuse_if_open=True)
-            with self.database.atomic():
-                if not self.is_sqlite:
-                    # Gateways starting at once on an empty database would race to create the
-                    # same types and tables (UniqueViolation on pg_type): one at a time, per
-                    # database, until this transaction ends.
-                    self.database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
-                if self.schema:
-                    self.database.execute_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
-                self.database.create_tables(self.models.all(), safe=True)
-                self._open_session_index()
-                self._open_maintenance()
+            run_migrations(self, JOURNAL, JOURNAL_MIGRATIONS, legacy_table="runs")
             self._opened = True
+
+    def migrate_schema(
+        self, component: str, migrations: Sequence[Migration], *, legacy_table: str | None = None
+    ) -> int:
+        """Bring a plugin's own tables beside the journal's (``component``, e.g. ``"cluster"``) to
+        version ``len(migrations)``, the same way ``open()`` does the journal's; returns it. Each
+        migration is a function of a ``MigrationContext`` (docs/storage.md)."""
+        return run_migrations(self, component, migrations, legacy_table=legacy_table)
+
+    def schema_version(self, component: str = JOURNAL) -> int | None:
+        """The component's schema version recorded in the database (None: none recorded)."""
+        return read_version(self, component)
 
     @_reconnecting
     def ping(self) -> None:
