@@ -83,14 +83,21 @@ def world(tmp_path: Path) -> dict[str, Path]:
 async def gateway(
     make_gateway: MakeGateway, world: dict[str, Path], upstream: FakeOpenAI, **sandbox: Any
 ) -> TestClient:
+    """Two actors, their workspaces, and the probe agent declared by configuration alone (an
+    `[acp_agents.probe-agent]` table) with the fake upstream as its model endpoint."""
     overrides = {
         "workspaces": {
             "roots": {"wsA": str(world["wsA"]), "wsB": str(world["wsB"])},
             "owners": {"wsA": ["alice"], "wsB": ["bob"]},
         },
         "sandbox": {"mode": "required", **sandbox},
+        "acp_agents": {
+            f"{AGENT}__command": [sys.executable, FAKE_ACP_AGENT, "--behaviour", "basic"],
+            f"{AGENT}__network": [f"127.0.0.1:{upstream.port}"],
+            f"{AGENT}__session_timeout": WAIT,
+        },
     }
-    return await make_gateway(overrides=overrides, tokens=TOKENS, extra_plugins=(ProbeAgent(upstream.base_url),))
+    return await make_gateway(overrides=overrides, tokens=TOKENS)
 
 
 async def probe(
