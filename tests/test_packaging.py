@@ -35,6 +35,7 @@ BUILT_INS = {
     "ag_ui",
     "openai_compat",
     "cluster_redis",
+    "auth_jwt",
 }
 
 
