@@ -46,6 +46,9 @@ _EXPORTS: dict[str, str] = {
     "PluginError": "agent_gateway.plugin_host",
     # the door plugin routes go through (register_routes)
     "PluginRoutes": "agent_gateway.plugin_routes",
+    # who is calling (the authenticate and authorize hooks)
+    "Actor": "agent_gateway.auth",
+    "bearer_token": "agent_gateway.auth",
     # helpers for runtime, tool and route plugins
     "SHORT_REPLY_WARNING": "agent_gateway.sessions",
     "cold_resume_packet": "agent_gateway.sessions",
@@ -113,6 +116,8 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "ApiError",
     "PluginError",
     "PluginRoutes",
+    "Actor",
+    "bearer_token",
     "SHORT_REPLY_WARNING",
     "cold_resume_packet",
     "has_context",
@@ -151,6 +156,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
     from agent_gateway.acp.runtime import SECTION_DEFAULTS as ACP_SECTION_DEFAULTS
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
+    from agent_gateway.auth import Actor, bearer_token
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import Coordinator, NotOwner
     from agent_gateway.config import Config

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from agent_gateway.allocator import HeapTrimmer
-from agent_gateway.auth import actor_for_token
+from agent_gateway.auth import ACTOR_ID, AUTH_KEY, IDENTITY, Actor, Auth
 from agent_gateway.browser_guard import BrowserGuard, guard_from_config
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
@@ -44,7 +44,6 @@ from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.app")
 
-LOCAL_ACTOR = "local"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH, *console.PUBLIC_PATHS})
 METRICS_PATH = "/metrics"
@@ -72,6 +71,8 @@ class Gateway:
         self.shutting_down = False  # set by `drain`: new requests get 503
         self._drained: asyncio.Future[None] | None = None
         self.tokens = config.tokens
+        # Who is calling and what they may do (the authenticate/authorize hooks).
+        self.auth = Auth(config, plugins)
         self.public_metrics = bool(config.section("auth")["public_metrics"])
         self.data_dir: Path = config.data_dir
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="storage")
@@ -193,18 +194,6 @@ class Gateway:
         self.heap_trimmer = HeapTrimmer(None, lambda: len(self.runs.active_runs()))
         self.runs.listeners.append(self.heap_trimmer.after_run)
 
-    def actor_for(self, request: web.Request) -> str:
-        if not self.tokens:
-            return LOCAL_ACTOR
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "unauthorized", "send Authorization: Bearer <token>")
-        actor = actor_for_token(self.tokens, token.strip())
-        if actor is None:
-            raise ApiError(401, "unauthorized", "unknown token")
-        return actor
-
     def set_public_url(self, url: str) -> None:
         """The base URL agents' MCP clients call back on (see ``[gateway] public_url``)."""
         self.services["base_url"] = url.rstrip("/")
@@ -313,13 +302,14 @@ def _check_host(request: web.Request) -> None:
         raise ApiError(400, "invalid_host", "the Host header must be host[:port], with a numeric port up to 65535")
 
 
-def _authenticate(gateway: Gateway, request: web.Request) -> None:
-    """Set ``request["actor"]`` from the bearer token (401 without a valid one), except on public
-    paths."""
+def _authenticate(gateway: Gateway, request: web.Request) -> Actor | Awaitable[Actor] | None:
+    """The caller of ``request`` (the ``authenticate`` hooks; 401 when nobody vouches for it), or
+    None on public paths."""
     if gateway.services.get("base_url") is None:
         gateway.learn_listening_address(request)
-    if request.path not in PUBLIC_PATHS and not (request.path == METRICS_PATH and gateway.public_metrics):
-        request["actor"] = gateway.actor_for(request)
+    if request.path in PUBLIC_PATHS or (request.path == METRICS_PATH and gateway.public_metrics):
+        return None
+    return gateway.auth.authenticate(request)
 
 
 def gateway_middleware(guard: BrowserGuard) -> Middleware:
@@ -341,7 +331,12 @@ def gateway_middleware(guard: BrowserGuard) -> Middleware:
             preflight = guard.check(request)
             if preflight is not None:
                 return preflight
-            _authenticate(gateway, request)
+            actor = _authenticate(gateway, request)
+            if actor is not None:
+                if not isinstance(actor, Actor):  # a plugin answered with an awaitable
+                    actor = await actor
+                request[IDENTITY] = actor
+                request[ACTOR_ID] = actor.id
             return await handler(request)
         except Exception as exc:
             return json_error(request, exc)
@@ -364,13 +359,14 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     for spec in section_specs_from_hook(plugins.config_sections()):
         config.add_section(spec)
     gateway = Gateway(config, plugins)
-    guard = guard_from_config(bool(config.tokens), config.section("gateway"))
+    guard = guard_from_config(gateway.auth.required, config.section("gateway"))
     app = web.Application(
         middlewares=[gateway_middleware(guard)],
         client_max_size=gateway.max_body_bytes,
     )
     app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
+    app[AUTH_KEY] = gateway.auth
     plugin_routes = gateway.plugin_routes = PluginRoutes(gateway, app.router)
     app[ERROR_SHAPES] = plugin_routes.error_shapes
     runs.setup(app, gateway)

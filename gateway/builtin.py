@@ -1,6 +1,6 @@
 """The core's own defaults, registered as the `core` plugin and overridable (trylast): the
-session strategy, the projections, and the ACP agents declared by `[acp_agents.<agent-id>]`
-configuration tables."""
+session strategy, the projections, the ACP agents declared by `[acp_agents.<agent-id>]`
+configuration tables, and the static `[auth] tokens` authenticator."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from agent_gateway import sandbox
 from agent_gateway.acp import agents as acp_agents
+from agent_gateway.auth import AUTH_KEY, Actor
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Event, now_ms
 from agent_gateway.sessions import TranscriptStrategy
@@ -65,6 +66,18 @@ def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
     """A generic ACP runtime for every enabled `[acp_agents.<agent-id>]` table."""
     for runtime in acp_agents.configured_runtimes(config):
         register(runtime)
+
+
+@hookimpl(trylast=True)
+def authenticate(request: Any) -> Actor | None:
+    """The actor of a configured `[auth] tokens` bearer token (tried after every plugin)."""
+    return request.config_dict[AUTH_KEY].static_token_actor(request)
+
+
+@hookimpl
+def authentication_enabled(config: Any) -> bool:
+    """The static tokens are in use when `[auth] tokens` lists any."""
+    return bool(config.tokens)
 
 
 @hookimpl(trylast=True)

@@ -80,10 +80,15 @@ def serve(
     if problems:
         raise click.ClickException("invalid configuration:\n" + "\n".join(problems))
     listen_host = config.section("gateway")["host"]
-    if not config.tokens and not is_loopback(listen_host):
+    try:
+        authenticated = plugins.authentication_required(config)
+    except PluginError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not authenticated and not is_loopback(listen_host):
         raise click.ClickException(
-            f"refusing to listen on {listen_host}: no [auth] tokens are configured, so every caller "
-            "would be the local actor. Configure tokens or listen on 127.0.0.1."
+            f"refusing to listen on {listen_host}: no [auth] tokens (nor an authentication plugin such as "
+            "[auth_jwt]) are configured, so every caller would be the local actor. Configure tokens or "
+            "listen on 127.0.0.1."
         )
     asyncio.run(_serve(config, plugins, demo))
 

@@ -13,7 +13,7 @@ A descriptor is merged, per agent and per calling actor, from:
 
 Field keys are full preference keys: ``ai.common.<name>`` or ``ai.agent.<agentId>.<name>``.
 Secret fields never carry a value, only ``isSet``; admin-only fields (``auth: "admin"``) are left
-out for actors that are not admins (``[auth] admins``; with no tokens configured the single local
+out for actors that are not admins (``[auth] admins``; with no authentication configured the single local
 actor is the admin). A capability switched off is absent from ``capabilities``, reported in
 ``capabilityStates`` and its tools show ``enabled: false``.
 """
@@ -419,9 +419,10 @@ async def registry_for(gateway: Gateway) -> DescriptorRegistry:
 
 
 def is_admin(gateway: Gateway, actor_id: str) -> bool:
-    """Admins are listed in ``[auth] admins``; with no tokens configured, the one local actor is."""
+    """Admins are listed in ``[auth] admins``; with no authentication configured, the one local
+    actor is."""
     config = gateway.config
-    if not config.tokens:
+    if not gateway.auth.required:
         return True
     admins = config.section("auth").get("admins") or []
     return isinstance(admins, list) and actor_id in admins

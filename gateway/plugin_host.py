@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import click
     from aiohttp import web
 
+    from agent_gateway.auth import Actor
     from agent_gateway.cluster import Coordinator
     from agent_gateway.config import Config
     from agent_gateway.plugin_routes import PluginRoutes
@@ -206,6 +207,33 @@ class PluginHost:
 
     def register_commands(self, cli: click.Group) -> None:
         self.pm.hook.register_commands(cli=cli)
+
+    def authenticate(self, request: web.Request, config: Config) -> Any:
+        """The first plugin's :class:`agent_gateway.Actor` for ``request`` (or an awaitable of one),
+        or None when no plugin vouches for it."""
+        return self.pm.hook.authenticate(request=request, config=config)
+
+    def authentication_required(self, config: Config) -> bool:
+        """True when some ``authenticate`` implementation is in use: one whose plugin says so
+        (``authentication_enabled``), or one whose plugin does not say."""
+        answering = {impl.plugin for impl in self.pm.hook.authentication_enabled.get_hookimpls()}
+        if any(impl.plugin not in answering for impl in self.pm.hook.authenticate.get_hookimpls()):
+            return True
+        return any(self.pm.hook.authentication_enabled(config=config))
+
+    def authorizes(self) -> bool:
+        """True when a plugin implements ``authorize`` (checked once: without one, nothing asks)."""
+        return bool(self.pm.hook.authorize.get_hookimpls())
+
+    async def authorize(self, actor: Actor, action: str, resource: dict[str, Any]) -> bool:
+        """Every ``authorize`` answer (awaited where awaitable): False if any denies, else True."""
+        allowed = True
+        for answer in self.pm.hook.authorize(actor=actor, action=action, resource=resource):
+            if inspect.isawaitable(answer):
+                answer = await answer
+            if answer is False:
+                allowed = False
+        return allowed
 
     async def startup(self, app: web.Application) -> None:
         for result in self.pm.hook.gateway_startup(app=app):

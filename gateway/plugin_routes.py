@@ -21,10 +21,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from agent_gateway.auth import Actor, identity
 from agent_gateway.errors import ErrorShape
 from agent_gateway.plugin_host import PluginError
 from agent_gateway.preferences import apply_run_defaults, load_values
 from agent_gateway.sse import RunEnded, stream_run
+from agent_gateway.workspace_access import workspace_not_found
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -96,6 +98,8 @@ class PluginRoutes:
             raise PluginError(f"route {method} {path}: plugin routes live under {PLUGIN_PREFIX}<plugin area>/")
         if self._serves(method, path):
             raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
+        if self._gateway.auth.authorizing:  # only then: no extra frame per request otherwise
+            handler = self._authorized(handler)
         if method == "GET":
             route = self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
         else:
@@ -112,6 +116,26 @@ class PluginRoutes:
         )
         self._openapi.setdefault(openapi_path(path), {})[method.lower()] = operation
 
+    def _authorized(self, handler: Handler) -> Handler:
+        """``handler`` behind ``authorize(actor, "routes:call", {"type": "route", ...})``."""
+        auth = self._gateway.auth
+
+        async def authorized(request: web.Request) -> web.StreamResponse:
+            resource = request.match_info.route.resource
+            await auth.authorize(
+                request,
+                "routes:call",
+                {
+                    "type": "route",
+                    "method": request.method,
+                    "path": openapi_path(resource.canonical) if resource is not None else request.path,
+                    "params": dict(request.match_info),
+                },
+            )
+            return await handler(request)
+
+        return authorized
+
     def on_shutdown(self, callback: ShutdownCallback) -> None:
         """Call ``callback()`` (awaited if it returns an awaitable) when the gateway stops, after
         active runs are stopped and runtimes closed, before storage is closed."""
@@ -127,9 +151,23 @@ class PluginRoutes:
 
     @staticmethod
     def actor(request: web.Request) -> str:
-        """The authenticated caller of ``request``."""
+        """The authenticated caller of ``request`` (its actor id)."""
         actor: str = request["actor"]
         return actor
+
+    @staticmethod
+    def identity(request: web.Request) -> Actor:
+        """The authenticated caller of ``request`` as an :class:`agent_gateway.Actor` (its id
+        and claims)."""
+        return identity(request)
+
+    async def authorize(self, request: web.Request, action: str, resource: Mapping[str, Any]) -> None:
+        """Ask the ``authorize`` hooks whether the caller of ``request`` may do ``action`` on
+        ``resource``; a denial raises the 403 ``forbidden`` :class:`agent_gateway.ApiError`.
+        Every plugin route is already checked as ``routes:call``; ask this for finer actions."""
+        auth = self._gateway.auth
+        if auth.authorizing:
+            await auth.authorize(request, action, resource)
 
     async def preferences(self, actor_id: str) -> dict[str, Any]:
         """The actor's stored preference values (full keys, secrets included: server-side only)."""
@@ -142,11 +180,12 @@ class PluginRoutes:
     async def create_run(self, request: web.Request, body: Mapping[str, Any]) -> tuple[Run, bool]:
         """Create a run for the caller of ``request`` from a ``POST /v1/runs`` body, exactly as that
         route does (the actor's preference defaults, validation, idempotency, admission limits):
-        ``(run, created)``, ``created`` False for a repeated ``requestId``. Refusals are
+        ``(run, created)``, ``created`` False for a repeated ``requestId``. The caller's
+        ``workspaces`` claim and the ``authorize`` hooks (``runs:create``) are asked. Refusals are
         :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
         actor = self.actor(request)
         filled = await apply_run_defaults(self._gateway, actor, dict(body))
-        return await self._gateway.runs.create(actor, filled)
+        return await self._gateway.runs.create(actor, filled, self._gateway.auth.run_create_check(request))
 
     async def run_by_request(
         self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"
@@ -208,8 +247,11 @@ class PluginRoutes:
     def workspace_root(self, request: web.Request, workspace_id: str) -> Path | None:
         """The directory of ``workspace_id`` for the caller of ``request`` (None: not configured).
         Raises :class:`agent_gateway.ApiError` 404 ``workspace_not_found`` when it is another actor's
-        (``[workspaces] owners``): a route that names a workspace itself checks it here."""
+        (``[workspaces] owners``, or the caller's ``workspaces`` claim): a route that names a
+        workspace itself checks it here."""
         self._gateway.workspace_access.require(self.actor(request), workspace_id)
+        if not self._gateway.auth.may_use_workspace(request, workspace_id):
+            raise workspace_not_found(workspace_id)
         return self._gateway.config.workspace_roots.get(workspace_id)
 
     def agent_ids(self) -> list[str]:

@@ -16,7 +16,7 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -229,8 +229,12 @@ class RunManager:
         return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
 
     # -- creation ---------------------------------------------------------------------------------
-    async def create(self, actor_id: str, body: Any) -> tuple[Run, bool]:
-        """Create a run, or return the existing one for a repeated requestId (created=False)."""
+    async def create(
+        self, actor_id: str, body: Any, check: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    ) -> tuple[Run, bool]:
+        """Create a run, or return the existing one for a repeated requestId (created=False).
+        ``check(request)``, given the validated request, may refuse it (the caller's
+        authorization) before anything is stored."""
         request = validate_run_request(body)
         runtime = self.runtimes.get(request["agentId"])
         if runtime is None:
@@ -240,6 +244,8 @@ class RunManager:
                 f"unknown agentId {request['agentId']!r}",
                 knownAgents=sorted(self.runtimes),
             )
+        if check is not None:
+            await check(request)
         availability = await self.availability.get(request["agentId"])
         if not availability["available"]:
             raise agent_unavailable(request["agentId"], availability)

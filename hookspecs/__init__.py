@@ -8,9 +8,20 @@ first non-None result wins, and when the core calls it.
 
 from __future__ import annotations
 
-from agent_gateway.hookspecs import cluster, config, descriptors, projection, routes, runtime, session, storage, tools
+from agent_gateway.hookspecs import (
+    auth,
+    cluster,
+    config,
+    descriptors,
+    projection,
+    routes,
+    runtime,
+    session,
+    storage,
+    tools,
+)
 from agent_gateway.hookspecs.markers import PROJECT_NAME, hookimpl, hookspec
 
-SPEC_MODULES = (runtime, session, tools, storage, projection, config, routes, descriptors, cluster)
+SPEC_MODULES = (runtime, session, tools, storage, projection, config, routes, descriptors, cluster, auth)
 
 __all__ = ["PROJECT_NAME", "SPEC_MODULES", "hookimpl", "hookspec"]

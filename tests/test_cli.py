@@ -250,7 +250,8 @@ async def test_plugins_lists_builtins_with_distribution_and_hooks(tmp_path: Path
     rc, out, err = await run_cli("plugins", env=clean_env(tmp_path), cwd=tmp_path)
     assert rc == 0, err
     for name, hooks in {
-        "core": "config_sections, register_projections, register_runtimes, session_strategy",
+        "core": "authenticate, authentication_enabled, config_sections, register_projections, register_runtimes, "
+        "session_strategy",
         "journal_peewee": "storage_backend",
         "chat_only": "config_sections, register_runtimes",
     }.items():

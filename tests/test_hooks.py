@@ -23,6 +23,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 from conftest import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
+from test_auth_hooks import (  # aliased: pytest runs them in test_auth_hooks.py only
+    test_authenticate_a_plugins_actor_wins_and_static_tokens_are_tried_last as authenticate_hook_test,
+)
+from test_auth_hooks import (
+    test_authentication_enabled_decides_whether_callers_must_authenticate as authentication_enabled_hook_test,
+)
+from test_auth_hooks import test_authorize_any_false_denies_with_403_and_none_abstains as authorize_hook_test
 from test_cluster import (  # aliased: pytest runs it in test_cluster.py only
     test_cluster_coordinator_hook_a_plugin_coordinator_sees_every_committed_event as cluster_coordinator_hook_test,
 )
@@ -604,7 +611,14 @@ def test_builtins_always_load_and_load_plugins_filters_third_party_only() -> Non
 def test_plugins_lists_distribution_and_hooks() -> None:
     infos = {info.name: info for info in PluginHost.load(env={}, extra=(CommandPlugin(),)).plugins()}
     assert infos["core"].distribution == "agent-gateway"
-    assert infos["core"].hooks == ("config_sections", "register_projections", "register_runtimes", "session_strategy")
+    assert infos["core"].hooks == (
+        "authenticate",
+        "authentication_enabled",
+        "config_sections",
+        "register_projections",
+        "register_runtimes",
+        "session_strategy",
+    )
     assert infos["journal_peewee"].hooks == ("storage_backend",)
     assert infos["chat_only"].hooks == ("config_sections", "register_runtimes")
     [extra] = [i for i in infos.values() if i.hooks == ("register_commands",)]
@@ -707,6 +721,9 @@ HOOKS_TESTED = {
     "register_routes": test_register_routes_serves_a_plugin_route_behind_actor_auth,
     "cluster_coordinator": cluster_coordinator_hook_test,
     "register_setting_fields": test_register_setting_fields_appear_in_descriptors_and_validate_preferences,
+    "authenticate": authenticate_hook_test,
+    "authentication_enabled": authentication_enabled_hook_test,
+    "authorize": authorize_hook_test,
 }
 
 

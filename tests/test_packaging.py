@@ -36,6 +36,7 @@ BUILT_INS = {
     "openai_compat",
     "cluster_redis",
     "sandbox_bubblewrap",
+    "auth_jwt",
 }
 
 

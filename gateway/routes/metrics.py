@@ -119,6 +119,8 @@ def _labels(labels: dict[str, str]) -> str:
 
 def setup(app: web.Application, gateway: Gateway) -> None:
     async def metrics(request: web.Request) -> web.Response:
+        if gateway.auth.authorizing and "actor" in request:  # a public /metrics has no caller to ask about
+            await gateway.auth.authorize(request, "metrics:read", {"type": "metrics"})
         return web.Response(
             text=render(gateway),
             content_type="text/plain",

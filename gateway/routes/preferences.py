@@ -15,12 +15,16 @@ if TYPE_CHECKING:
 
 def setup(app: web.Application, gateway: Gateway) -> None:
     async def read(request: web.Request) -> web.Response:
+        if gateway.auth.authorizing:
+            await gateway.auth.authorize(request, "preferences:read", {"type": "preferences", "id": request["actor"]})
         return web.json_response(await get_preferences(gateway, request["actor"]))
 
     async def write(request: web.Request) -> web.Response:
         body = await read_json(request)
         if not isinstance(body, dict) or set(body) - {"values"} or "values" not in body:
             raise ApiError(400, "invalid_request", 'send {"values": {"<preference key>": value or null, ...}}')
+        if gateway.auth.authorizing:
+            await gateway.auth.authorize(request, "preferences:write", {"type": "preferences", "id": request["actor"]})
         return web.json_response(await put_preferences(gateway, request["actor"], body["values"]))
 
     app.router.add_get("/v1/preferences", read)

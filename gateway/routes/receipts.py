@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent_gateway.auth import run_resource
 from agent_gateway.errors import ApiError
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         run = await gateway.runs.get(request.match_info["host_run_id"], request["actor"])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
+        if gateway.auth.authorizing:
+            await gateway.auth.authorize(request, "runs:read", run_resource(run))
         loop = asyncio.get_running_loop()
         receipts = await loop.run_in_executor(gateway.executor, gateway.storage.list_receipts, run.host_run_id)
         return web.json_response(

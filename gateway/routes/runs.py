@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from agent_gateway.auth import run_resource
 from agent_gateway.builtin import ui_projection
 from agent_gateway.errors import ApiError, error_response, read_json
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
@@ -65,10 +66,12 @@ class RunRoutes:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
 
-    async def _run(self, request: web.Request) -> Run:
+    async def _run(self, request: web.Request, action: str = "runs:read") -> Run:
         run = await self.gw.runs.get(request.match_info["host_run_id"], request["actor"])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
+        if self.gw.auth.authorizing:
+            await self.gw.auth.authorize(request, action, run_resource(run))
         return run
 
     def _projection(self, request: web.Request) -> Any:
@@ -91,7 +94,7 @@ class RunRoutes:
         after = _cursor(header, "Last-Event-ID") if header else 0
         body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
         try:
-            run, created = await self.gw.runs.create(request["actor"], body)
+            run, created = await self.gw.runs.create(request["actor"], body, self.gw.auth.run_create_check(request))
         except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry
             response = error_response(refused.status, refused.code, str(refused), **refused.extra)
             response.headers["Retry-After"] = str(refused.retry_after)
@@ -160,6 +163,8 @@ class RunRoutes:
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
+        if self.gw.auth.authorizing:
+            await self._run(request, "runs:cancel")
         run = await self.gw.runs.cancel(request.match_info["host_run_id"], request["actor"])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
@@ -172,6 +177,8 @@ class RunRoutes:
         option_id = body.get("optionId") if isinstance(body, dict) else None
         if not isinstance(option_id, str) or not option_id or set(body) != {"optionId"}:
             raise ApiError(400, "invalid_request", 'send {"optionId": "<one of the offered options>"}')
+        if self.gw.auth.authorizing:
+            await self._run(request, "runs:permission")
         run = await self.gw.runs.resolve_permission(
             request.match_info["host_run_id"], request["actor"], request.match_info["request_id"], body["optionId"]
         )
@@ -179,6 +186,8 @@ class RunRoutes:
 
     async def active_run(self, request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
+        if self.gw.auth.authorizing:
+            await self.gw.auth.authorize(request, "sessions:read", {"type": "session", "id": session_id})
         run = await self.gw.runs.active_run(request["actor"], session_id)
         return web.json_response(
             {

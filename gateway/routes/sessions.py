@@ -299,13 +299,21 @@ class SessionRoutes:
             "updatedAt": row["updated_at"],
         }
 
-    async def _row(self, request: web.Request) -> tuple[str, str, dict[str, Any]]:
+    async def _row(self, request: web.Request, action: str = "sessions:read") -> tuple[str, str, dict[str, Any]]:
         session_id = _session_id(request)
         await self.indexer.settle()
         actor_id = request["actor"]
         row = await self._db(self.gw.storage.get_session_index, actor_id, session_id)
         if row is None:
             raise ApiError(404, "session_not_found", "no such session")
+        if self.gw.auth.authorizing:
+            resource = {
+                "type": "session",
+                "id": session_id,
+                "agentId": row["agent_id"],
+                "workspaceId": row["workspace_id"],
+            }
+            await self.gw.auth.authorize(request, action, resource)
         return actor_id, session_id, row
 
     async def list(self, request: web.Request) -> web.Response:
@@ -323,6 +331,8 @@ class SessionRoutes:
         cursor = request.query.get("cursor") or None
         if cursor is not None and not CURSOR_SHAPE.fullmatch(cursor):
             raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned")
+        if self.gw.auth.authorizing:  # the list as a whole: the caller's own sessions
+            await self.gw.auth.authorize(request, "sessions:read", {"type": "session", "id": None, "agentId": agent_id})
         await self.indexer.settle()
         actor_id = request["actor"]
         storage = self.gw.storage
@@ -442,7 +452,7 @@ class SessionRoutes:
             raise ApiError(400, "invalid_request", 'title must be a string of at most 200 characters ("": default)')
         if pinned is not None and not isinstance(pinned, bool):
             raise ApiError(400, "invalid_request", "pinned must be true or false")
-        actor_id, session_id, _row = await self._row(request)
+        actor_id, session_id, _row = await self._row(request, "sessions:write")
         await self._db(self.gw.storage.update_session_index, actor_id, session_id, title=title, pinned=pinned)
         row = await self._db(self.gw.storage.get_session_index, actor_id, session_id)
         return web.json_response(
@@ -468,7 +478,7 @@ class SessionRoutes:
         return bool(await self.gw.journal.write(self.gw.storage.delete_session_history, actor_id, session_id))
 
     async def delete(self, request: web.Request) -> web.Response:
-        actor_id, session_id, _row = await self._row(request)
+        actor_id, session_id, _row = await self._row(request, "sessions:delete")
         async with self.gw.runs.hold_sessions(actor_id, [session_id]):
             await self._refuse_active(actor_id, session_id)
             await self._delete(actor_id, session_id)
@@ -482,6 +492,9 @@ class SessionRoutes:
         session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
         await self.indexer.settle()
         actor_id = request["actor"]
+        if self.gw.auth.authorizing:  # all or nothing: refuse before deleting any
+            for session_id in session_ids:
+                await self.gw.auth.authorize(request, "sessions:delete", {"type": "session", "id": session_id})
         deleted, missing = [], []
         async with self.gw.runs.hold_sessions(actor_id, session_ids):
             for session_id in session_ids:  # all or nothing: refuse before deleting any
@@ -491,7 +504,7 @@ class SessionRoutes:
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": deleted, "notFound": missing})
 
     async def delete_agent_session(self, request: web.Request) -> web.Response:
-        actor_id, session_id, row = await self._row(request)
+        actor_id, session_id, row = await self._row(request, "sessions:delete")
         agent_id = row["agent_id"]
         runtime = self.gw.runtimes.get(agent_id)
         if runtime is None or self._can_delete_agent_session(agent_id) is False:

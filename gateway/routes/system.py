@@ -62,9 +62,9 @@ async def served_spec(
     if gateway.runtimes:
         schemas["AgentId"] = {**schemas["AgentId"], "enum": sorted(gateway.runtimes)}
     schemas["Projection"] = {**schemas["Projection"], "enum": sorted({"ui", *gateway.projections})}
-    if not gateway.tokens:  # the one local actor: no route asks for a token
+    if not gateway.auth.required:  # the one local actor: no route asks for a token
         served["security"] = []
-    if gateway.public_metrics or not gateway.tokens:
+    if gateway.public_metrics or not gateway.auth.required:
         served["paths"]["/metrics"]["get"]["security"] = []
     registry = await registry_for(gateway)
     values = schemas["PreferenceValues"]

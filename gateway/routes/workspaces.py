@@ -32,8 +32,14 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         workspace_id = request.match_info["workspace_id"]
         watcher = gateway.watcher
         # Another actor's workspace ([workspaces] owners) answers like one that does not exist.
-        if not watcher.knows(workspace_id) or not gateway.workspace_access.allows(request["actor"], workspace_id):
+        if (
+            not watcher.knows(workspace_id)
+            or not gateway.workspace_access.allows(request["actor"], workspace_id)
+            or not gateway.auth.may_use_workspace(request, workspace_id)  # the actor's workspaces claim
+        ):
             raise workspace_not_found(workspace_id)
+        if gateway.auth.authorizing:
+            await gateway.auth.authorize(request, "workspaces:read", {"type": "workspace", "id": workspace_id})
         header = request.headers.get("Last-Event-ID")
         name, raw = ("Last-Event-ID", header) if header else ("afterSeq", request.query.get("afterSeq"))
         try:
