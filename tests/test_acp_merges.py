@@ -57,7 +57,10 @@ async def test_a_client_lagging_behind_an_acp_flood_gets_merged_deltas_and_no_re
     make_gateway: MakeGateway,
 ) -> None:
     client = await make_gateway(
-        overrides={"gateway": {"stream_buffer_events": CAPACITY}}, extra_plugins=(FloodPlugin(),)
+        # Unconfined: the test stops the agent process itself (SIGSTOP), which a sandbox would
+        # put out of reach behind bubblewrap and its supervisor.
+        overrides={"gateway": {"stream_buffer_events": CAPACITY}, "sandbox": {"mode": "off"}},
+        extra_plugins=(FloodPlugin(),),
     )
     gw = gateway_of(client)
     before = await _metrics(client)
