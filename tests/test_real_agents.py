@@ -236,10 +236,22 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def is_wrapper(pid: int) -> bool:
+    """A process between the gateway and the agent: the sandbox (`bwrap`, its PID-namespace init,
+    the in-sandbox supervisor) or an npm launcher (`node`)."""
+    exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    supervisor = any(arg.endswith(b"sandbox/supervisor.py") for arg in argv[:4])
+    return exe == "bwrap" or exe.startswith("node") or supervisor
+
+
 def agent_process(pid: int) -> int:
-    """The process doing the agent's work under the one the gateway started: `bin/reasonix` is an
-    npm launcher (`node`, spawnSync of the Go binary); Hermes' entry point is the agent itself."""
-    while os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("node"):
+    """The process doing the agent's work under the one the gateway started: the sandbox's
+    processes, then `bin/reasonix`, an npm launcher (`node`, spawnSync of the Go binary); Hermes'
+    entry point is the agent itself."""
+    for _ in range(8):  # bwrap, its init, the supervisor, the launcher: bounded
+        if not is_wrapper(pid):
+            break
         (pid,) = children(pid)
     return pid
 
@@ -405,10 +417,14 @@ async def test_agent_killed_mid_turn_fails_the_run_and_the_next_turn_recovers(
         # The npm launcher outlives the Go agent and reports its death by signal as exit code 1.
         assert terminal["exitCode"] == 1, terminal
         assert terminal["reason"].startswith("the agent process exited with code 1"), terminal
-    else:
+    elif gateway_of(client).sandbox.confinements[agent].startswith("none"):
         assert terminal["exitCode"] == -signal.SIGKILL, terminal
         expected = "the agent process exited with code -9 (killed by signal SIGKILL)"
         assert terminal["reason"].startswith(expected), terminal
+    else:
+        # bubblewrap reports its command's death by a signal the way a shell does: 128 + signal.
+        assert terminal["exitCode"] == 128 + signal.SIGKILL, terminal
+        assert terminal["reason"].startswith(f"the agent process exited with code {128 + signal.SIGKILL}"), terminal
 
     third, events3 = await session.turn("Are you still there?")
     assert_completed(third, events3)
@@ -451,7 +467,8 @@ async def test_hermes_with_its_session_store_wiped_falls_back_and_the_turn_succe
     first, events1 = await session.turn(turn1[0])
     assert_completed(first, events1)
     await client.close()  # Hermes stops with the gateway ...
-    assert "state.db" in wipe_hermes_sessions(agent_state / "hermes")  # ... and loses its sessions
+    # ... and loses its sessions (in the HERMES_HOME of the actor, `local` without tokens).
+    assert "state.db" in wipe_hermes_sessions(agent_state / "hermes" / "local")
 
     client = await make_gateway(config, data_dir=data_dir)
     session = Session(client, agent)
