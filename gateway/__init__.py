@@ -81,6 +81,8 @@ _EXPORTS: dict[str, str] = {
     "SandboxUnavailable": "agent_gateway.sandbox",
     "SandboxError": "agent_gateway.sandbox",
     "endpoint_of_url": "agent_gateway.sandbox",
+    "program_paths": "agent_gateway.sandbox",
+    "parse_endpoint": "agent_gateway.sandbox",
 }
 
 # public names that differ from the internal one
@@ -144,6 +146,8 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "SandboxUnavailable",
     "SandboxError",
     "endpoint_of_url",
+    "program_paths",
+    "parse_endpoint",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
@@ -169,7 +173,15 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.plugin_host import PluginError
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
-    from agent_gateway.sandbox import AgentLaunch, SandboxedCommand, SandboxError, SandboxUnavailable, endpoint_of_url
+    from agent_gateway.sandbox import (
+        AgentLaunch,
+        SandboxedCommand,
+        SandboxError,
+        SandboxUnavailable,
+        endpoint_of_url,
+        parse_endpoint,
+        program_paths,
+    )
     from agent_gateway.sessions import (
         SHORT_REPLY_WARNING,
         SessionStrategy,
