@@ -95,10 +95,11 @@ class McpAgentPlugin:
 
     def record(self, gateway: Gateway) -> None:
         """Wrap the gateway's provider of mcpServers entries to keep what it gives."""
-        provide: Callable[[Turn, RuntimePolicy], list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
+        provide: Callable[..., list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
 
-        def recording(turn: Turn, policy: RuntimePolicy) -> list[dict[str, Any]]:
-            entries = provide(turn, policy)
+        def recording(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
+            # base_url: where a confined agent reaches the gateway from inside its sandbox.
+            entries = provide(turn, policy, base_url=base_url)
             self.entries.extend(entries)
             return entries
 
