@@ -19,6 +19,7 @@ missing binary is a failure. bubblewrap must work here (the sandbox is `required
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -31,7 +32,7 @@ from aiohttp.test_utils import TestClient
 from agent_gateway.environment import agent_environment
 from agent_gateway.sandbox import bubblewrap
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import MakeGateway, gateway_of, run_to_end
+from tests.conftest import MakeGateway, gateway_of, run_to_end, sse_events
 from tests.test_real_agents import agent_binary, last_user_text, message_text
 
 pytestmark = pytest.mark.skipif(
@@ -166,6 +167,28 @@ def gateway_environ_markers() -> list[str]:
     ]
 
 
+def requests_of(fake: FakeOpenAI, trigger: str) -> str:
+    """Every model request of the turn whose prompt holds ``trigger`` (its side calls too), as JSON text."""
+    mine = [text for text in (json.dumps(body, ensure_ascii=False) for body in fake.requests) if trigger in text]
+    assert mine, trigger
+    return "\n".join(mine)
+
+
+async def workspace_change(client: TestClient, workspace: str, path: str) -> dict[str, Any]:
+    """The first `files.changed` entry for ``path`` on the workspace's stream (from its start)."""
+    async with (
+        asyncio.timeout(TURN_TIMEOUT),
+        client.get(f"/v1/workspaces/{workspace}/events", headers=ALICE) as response,
+    ):
+        assert response.status == 200, await response.text()
+        async for event in sse_events(response):
+            changes = event["data"]["payload"]["changes"] if event["event"] == "files.changed" else []
+            for change in changes:
+                if change["path"] == path:
+                    return dict(change)
+    return {}
+
+
 def shell(agent: str, script: str) -> tuple[str, dict[str, Any]]:
     return NATIVE[agent]["shell"], {"command": f"bash -c {json.dumps(script)}"}
 
@@ -216,8 +239,7 @@ async def test_native_tools_reach_only_what_the_run_may(
         shell(agent, api),  # 13
     ]
     model.scripts["[attack]"] = calls
-    before = len(fake_llm.requests)
-    events = await turn(client, agent, ALICE, "wsA", "Do what the tools say. [attack]")
+    await turn(client, agent, ALICE, "wsA", "Do what the tools say. [attack]")
 
     results = model.results("[attack]")
     assert sorted(results) == list(range(len(calls))), (sorted(results), results)
@@ -231,13 +253,14 @@ async def test_native_tools_reach_only_what_the_run_may(
     # Nothing written outside the allowed root, by the file tool or the shell.
     for path in [*outside_writes, *shell_writes]:
         assert not path.exists(), path
-    # Nothing of what it must not see reached the model, in any request of alice's turn.
-    seen = json.dumps(fake_llm.requests[before:], ensure_ascii=False)
+    # Nothing of what it must not see reached the model, in any request of alice's turn (bob's
+    # agent may still send a side call of its own, e.g. Hermes' title of bob's session).
+    seen = requests_of(fake_llm, "[attack]")
     for marker in (OUTSIDE, BOB_NOTE, ALICE_PRIVATE, BOB_PIN, bob_session_id, *gateway_environ_markers()):
         assert marker not in seen, marker
-    # The native write inside the allowed root reached the host's watcher as a file change.
-    changed = [c["path"] for e in events if e["event"] == "files.changed" for c in e["data"]["payload"]["changes"]]
-    assert "notes/agent.md" in changed, changed
+    # The native write inside the allowed root reached the host's watcher as a file change (on the
+    # workspace's stream: the run may end before the watcher's batch comes in).
+    assert await workspace_change(client, "wsA", "notes/agent.md"), "no files.changed for notes/agent.md"
     assert gateway_of(client).sandbox.confinements[agent].startswith("bubblewrap:")
 
 
@@ -253,9 +276,8 @@ async def test_hermes_session_search_never_crosses_actors(
         ("session_search", {"query": ALICE_COLOUR}),
         ("session_search", {}),  # browse recent sessions
     ]
-    before = len(fake_llm.requests)
     await turn(client, "hermes", ALICE, "wsA", "What did we talk about before? [search]")
     results = model.results("[search]")
     assert sorted(results) == [0, 1, 2], results
     assert ALICE_COLOUR in results[1], results[1]  # her own earlier session is found
-    assert BOB_PIN not in json.dumps(fake_llm.requests[before:], ensure_ascii=False)
+    assert BOB_PIN not in requests_of(fake_llm, "[search]")
