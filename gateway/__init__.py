@@ -85,6 +85,8 @@ _EXPORTS: dict[str, str] = {
     "SandboxError": "agent_gateway.sandbox",
     "endpoint_of_url": "agent_gateway.sandbox",
     "write_home_file": "agent_gateway.sandbox",
+    "program_paths": "agent_gateway.sandbox",
+    "parse_endpoint": "agent_gateway.sandbox",
 }
 
 # public names that differ from the internal one
@@ -151,6 +153,8 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "SandboxError",
     "endpoint_of_url",
     "write_home_file",
+    "program_paths",
+    "parse_endpoint",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
@@ -183,6 +187,8 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         SandboxError,
         SandboxUnavailable,
         endpoint_of_url,
+        parse_endpoint,
+        program_paths,
         write_home_file,
     )
     from agent_gateway.sessions import (

@@ -97,8 +97,9 @@ class McpAgentPlugin:
         """Wrap the gateway's provider of mcpServers entries to keep what it gives."""
         provide: Callable[..., list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
 
-        def recording(turn: Turn, policy: RuntimePolicy, **where: Any) -> list[dict[str, Any]]:
-            entries = provide(turn, policy, **where)  # where: the agent's view of the gateway's URL
+        def recording(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
+            # base_url: where a confined agent reaches the gateway from inside its sandbox.
+            entries = provide(turn, policy, base_url=base_url)
             self.entries.extend(entries)
             return entries
 

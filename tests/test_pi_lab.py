@@ -28,7 +28,8 @@ from aiohttp.test_utils import TestClient
 
 import agent_gateway.plugins.pi_lab
 from agent_gateway.models import TERMINAL_KINDS
-from agent_gateway.plugins.pi_lab.runtime import PiRuntime, acp_to_pi_mcp
+from agent_gateway.plugins.pi_lab.runtime import PiRuntime, _migrate_sessions, acp_to_pi_mcp
+from agent_gateway.sandbox import bubblewrap
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests.conftest import MakeGateway, gateway_of, run_to_end, sse_events
 
@@ -141,15 +142,18 @@ async def test_turn_streams_text_and_keeps_pi_session_in_gateway_storage(
     assert not any(
         t.get("function", {}).get("name") in ("bash", "read", "edit", "write") for t in request.get("tools") or []
     )
-    # The gateway keeps the Pi session's metadata; Pi's files are under the gateway's data dir.
+    # The gateway keeps the Pi session's metadata; Pi's files are in the actor's own Pi home.
     record = await asyncio.get_running_loop().run_in_executor(None, gw.storage.get_session, "local", session_id)
     state = record["runtimes"]["pi-lab"]
     assert set(state) >= {"piSessionId", "sessionFile", "model", "allowedRoots"}
     assert state["model"] == "m" and state["allowedRoots"] == []
-    sessions_root = gw.data_dir / "runtimes" / "pi" / "sessions"
+    home = gw.sandbox.home_for("pi-lab", "local")
     assert Path(state["sessionFile"]).is_file()  # noqa: ASYNC240
-    assert Path(state["sessionFile"]).resolve().is_relative_to(sessions_root.resolve())  # noqa: ASYNC240
-    assert (gw.data_dir / "runtimes" / "pi" / "agent" / "models.json").is_file()
+    assert Path(state["sessionFile"]).resolve().is_relative_to((home / "sessions").resolve())  # noqa: ASYNC240
+    assert (home / "agent" / "models.json").is_file()
+    assert (home / "agent" / "mcp.json").is_file()
+    if bubblewrap.probe() is None:  # Pi ran confined like every agent
+        assert gw.sandbox.confinements["pi-lab"].startswith("bubblewrap:"), gw.sandbox.confinements
     final = await (await client.get(f"/v1/runs/{receipt['hostRunId']}")).json()
     assert final["providerRunId"] == state["piSessionId"]
     assert not (pi_home / ".pi").exists(), "pi used its global directory"
@@ -233,7 +237,7 @@ async def test_lost_session_file_falls_back_to_cold_resume(
     session_id = "s-" + uuid.uuid4().hex[:8]
     await run_to_end(client, body(session_id, "first"), timeout=TURN_TIMEOUT)
     await client.close()
-    for path in (data_dir / "runtimes" / "pi" / "sessions").rglob("*.jsonl"):
+    for path in (data_dir / "agent-homes" / "pi-lab").rglob("*.jsonl"):
         path.unlink()
     client2 = await start(make_gateway, fake_llm, pi_home, data_dir=data_dir)
     _, events = await run_to_end(client2, body(session_id, "second"), timeout=TURN_TIMEOUT)
@@ -449,3 +453,18 @@ async def test_workspace_tools_through_mcp_change_the_file(
                     "receiptId": patch_receipt,
                 }
                 break
+
+
+def test_sessions_kept_before_per_actor_homes_move_into_the_actors_home(tmp_path: Path) -> None:
+    """A gateway upgraded from the shared layout (`<data_dir>/runtimes/pi/sessions/<ws>/<actor>`)
+    finds each actor's Pi sessions in that actor's home, and the stored session file with them."""
+    legacy = tmp_path / "runtimes" / "pi" / "sessions" / "ws-1" / "alice-1"
+    legacy.mkdir(parents=True)
+    (legacy / "2026_abc.jsonl").write_text('{"type":"session"}\n', encoding="utf-8")
+    session_dir = tmp_path / "agent-homes" / "pi-lab" / "alice" / "sessions" / "ws-1"
+    moved = _migrate_sessions(legacy, session_dir, str(legacy / "2026_abc.jsonl"))
+    assert moved == str(session_dir / "2026_abc.jsonl")
+    assert Path(moved).read_text(encoding="utf-8") == '{"type":"session"}\n'
+    assert not legacy.exists()
+    # Once moved, nothing changes (and a file stored outside the old folder is left as it is).
+    assert _migrate_sessions(legacy, session_dir, moved) == moved

@@ -236,14 +236,21 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def is_wrapper(pid: int) -> bool:
+    """A process between the gateway and the agent: the sandbox (`bwrap`, its PID-namespace init,
+    the in-sandbox supervisor) or an npm launcher (`node`)."""
+    exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    supervisor = any(arg.endswith(b"sandbox/supervisor.py") for arg in argv[:4])
+    return exe == "bwrap" or exe.startswith("node") or supervisor
+
+
 def agent_process(pid: int) -> int:
-    """The process doing the agent's work under the one the gateway started: through its sandbox
-    (bubblewrap, its PID namespace's init, the network supervisor), then `bin/reasonix`, an npm
-    launcher (`node`, spawnSync of the Go binary); Hermes' entry point is the agent itself."""
-    for _ in range(8):
-        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if exe != "bwrap" and b"sandbox/supervisor.py" not in command and not exe.startswith("node"):
+    """The process doing the agent's work under the one the gateway started: the sandbox's
+    processes, then `bin/reasonix`, an npm launcher (`node`, spawnSync of the Go binary); Hermes'
+    entry point is the agent itself."""
+    for _ in range(8):  # bwrap, its init, the supervisor, the launcher: bounded
+        if not is_wrapper(pid):
             break
         (pid,) = children(pid)
     return pid
@@ -411,6 +418,7 @@ async def test_agent_killed_mid_turn_fails_the_run_and_the_next_turn_recovers(
         assert terminal["exitCode"] == 1, terminal
         assert terminal["reason"].startswith("the agent process exited with code 1"), terminal
     else:
+        # Confined or not, a death by signal reads the same (bubblewrap's 128 + N is turned back).
         assert terminal["exitCode"] == -signal.SIGKILL, terminal
         expected = "the agent process exited with code -9 (killed by signal SIGKILL)"
         assert terminal["reason"].startswith(expected), terminal
@@ -456,7 +464,7 @@ async def test_hermes_with_its_session_store_wiped_falls_back_and_the_turn_succe
     first, events1 = await session.turn(turn1[0])
     assert_completed(first, events1)
     await client.close()  # Hermes stops with the gateway ...
-    # ... and loses its sessions (its home is per actor: <hermes_home>/<actor>)
+    # ... and loses its sessions (in the HERMES_HOME of the actor, `local` without tokens).
     assert "state.db" in wipe_hermes_sessions(agent_state / "hermes" / "local")
 
     client = await make_gateway(config, data_dir=data_dir)

@@ -64,6 +64,10 @@ class EgressProxy:
             await self._serve(reader, writer)
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass
+        except asyncio.CancelledError:
+            # close() cancels open relays; asyncio's stream callback would log a cancelled handler
+            # task as an error ("Exception in callback ..."), so it ends quietly instead.
+            pass
         finally:
             writer.close()
             if task is not None:

@@ -1,20 +1,23 @@
 """Pi-lab runtime plugin (agent id ``pi-lab``; entry point ``pi_lab = agent_gateway.plugins.pi_lab``).
 
-Hosts ``pi --mode rpc`` (``@earendil-works/pi-coding-agent`` 1.x on Node ≥ 22) with its own agent
-directory (``<data_dir>/runtimes/pi/agent``: ``models.json``, ``mcp.json``) and a session
-directory per workspace and actor (``<data_dir>/runtimes/pi/sessions/<workspace>/<actor>``),
-never Pi's global ones. Pi runs with no built-in tools, no extensions but MCP, no context files
-and no project trust: the only tools it sees are the gateway's, through MCP. See docs/pi-lab.md.
+Hosts ``pi --mode rpc`` (``@earendil-works/pi-coding-agent`` 1.x on Node ≥ 22), confined by the
+gateway's sandbox like every agent, with one home per actor (``<data_dir>/agent-homes/pi-lab/<actor>``)
+holding its agent directory (``agent/``: ``models.json``, ``mcp.json``) and a session directory
+per workspace (``sessions/<workspace>``), never Pi's global ones. Pi runs with no built-in tools,
+no extensions but MCP, no context files and no project trust: the only tools it sees are the
+gateway's, through MCP. See docs/pi-lab.md.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent_gateway import hookimpl
+from agent_gateway import hookimpl, parse_endpoint
 
-from .runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings, write_models_json
+from .runtime import AGENT_ID, PiRuntime, PiSessionStrategy, PiSettings
 
 if TYPE_CHECKING:
     from agent_gateway import PluginRoutes
@@ -34,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
     "process_wait_seconds": 300.0,
     "extra_args": [],
     "mcp_servers": {},
+    # host:port endpoints Pi may reach from its sandbox besides its model endpoint and the MCP surface.
+    "network": [],
+    # More paths Pi may read inside its sandbox (its install is found from `command`).
+    "sandbox_read_only": [],
 }
 
 __all__ = ["AGENT_ID", "DEFAULTS", "SECTION", "PiRuntime", "PiSessionStrategy", "PiSettings", "settings_from"]
@@ -53,6 +60,13 @@ def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
         problems.append(("max_processes_per_actor", "must be 0 (no per-actor limit) or more"))
     if section["process_wait_seconds"] <= 0:
         problems.append(("process_wait_seconds", "must be positive"))
+    for index, endpoint in enumerate(section["network"]):
+        try:
+            parse_endpoint(str(endpoint))
+        except ValueError as exc:
+            problems.append((f"network[{index}]", str(exc)))
+    if not all(isinstance(p, str) and os.path.isabs(os.path.expanduser(p)) for p in section["sandbox_read_only"]):
+        problems.append(("sandbox_read_only", "must be a list of absolute paths"))
     for name, entry in section["mcp_servers"].items():
         if not isinstance(entry, dict) or not (entry.get("command") or entry.get("url")):
             problems.append((f"mcp_servers.{name}", "must be a table with `command` or `url` (Pi's mcp.json format)"))
@@ -75,6 +89,8 @@ def settings_from(config: Any) -> PiSettings:
         max_processes_per_actor=int(section["max_processes_per_actor"]),
         process_wait_seconds=float(section["process_wait_seconds"]),
         mcp_servers=dict(section["mcp_servers"]),
+        network=[parse_endpoint(str(e)) for e in section["network"]],
+        read_only=[Path(os.path.expanduser(p)) for p in section["sandbox_read_only"]],
     )
 
 
@@ -87,12 +103,8 @@ def config_sections(register: Callable[..., None]) -> None:
 def register_runtimes(register: Callable[[Any], None], config: Any) -> None:
     if not config.section(SECTION)["enabled"]:
         return
-    settings = settings_from(config)
-    if settings.provider_base_url:
-        write_models_json(
-            settings.agent_dir, settings.provider_base_url, settings.provider_model, settings.provider_api_key
-        )
-    register(PiRuntime(settings))
+    # models.json is written into each actor's own agent directory when its first process starts.
+    register(PiRuntime(settings_from(config)))
 
 
 @hookimpl

@@ -7,9 +7,12 @@ resumed with ``--session <file>`` and believed only when Pi reports the same ses
 messages in it (``loaded``); otherwise a new Pi session starts, seeded with the gateway's
 cold-resume packet when the gateway session has earlier turns (``cold_resumed``).
 
-Pi's JSONL files live in ``<data_dir>/runtimes/pi/sessions/<workspace>/<actor>/``; the gateway's
-own record (``piSessionId``, ``sessionFile``, ``model``, ``allowedRoots``) is the runtime state
-of the gateway session, in storage.
+Each actor has its own Pi home (the sandbox's per-actor agent home,
+``<data_dir>/agent-homes/pi-lab/<actor>``): Pi's agent directory (``agent/``: ``models.json``,
+``mcp.json``) and its JSONL session files (``sessions/<workspace>/``) live there, so nothing Pi
+keeps crosses actors. Every process starts through the ``sandbox`` service (bubblewrap built in),
+like the ACP runtimes' agents. The gateway's own record (``piSessionId``, ``sessionFile``,
+``model``, ``allowedRoots``) is the runtime state of the gateway session, in storage.
 """
 
 from __future__ import annotations
@@ -23,22 +26,28 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent_gateway import (
     SHORT_REPLY_WARNING,
+    AgentLaunch,
     ProcessCapacity,
     ProcessUse,
     RuntimePolicy,
+    SandboxedCommand,
     SessionPlan,
     Turn,
     TurnOutcome,
     agent_environment,
+    allowed_roots_of,
     cold_resume_packet,
+    endpoint_of_url,
     has_context,
     is_bare_short_reply,
+    program_paths,
     prompt_text,
 )
 
@@ -58,7 +67,7 @@ LOCKDOWN_ARGS = ["--no-builtin-tools", "--no-extensions", "-e", "builtin:mcp", "
 class PiSettings:
     command: list[str]
     env: dict[str, str]
-    root: Path  # <data_dir>/runtimes/pi
+    root: Path  # <data_dir>/runtimes/pi (before per-actor homes: its sessions/ are migrated)
     provider_base_url: str = ""
     provider_model: str = ""
     provider_api_key: str = ""
@@ -73,14 +82,19 @@ class PiSettings:
     inherit_env: bool = False
     start_timeout: float = 30.0
     cancel_grace: float = 10.0
+    # (host, port) endpoints Pi may reach from its sandbox besides its model endpoint and the MCP surface.
+    network: list[tuple[str, int]] = field(default_factory=list)
+    # More paths Pi may read inside its sandbox (its install is found from `command`).
+    read_only: list[Path] = field(default_factory=list)
 
     @property
-    def agent_dir(self) -> Path:
-        return self.root / "agent"
-
-    @property
-    def sessions_root(self) -> Path:
+    def legacy_sessions_root(self) -> Path:
+        """Where a gateway before per-actor homes kept every actor's sessions."""
         return self.root / "sessions"
+
+    def model_endpoints(self) -> list[tuple[str, int]]:
+        endpoint = endpoint_of_url(self.provider_base_url) if self.provider_base_url else None
+        return [endpoint] if endpoint else []
 
 
 def safe_name(value: str) -> str:
@@ -90,7 +104,6 @@ def safe_name(value: str) -> str:
 
 
 def write_models_json(agent_dir: Path, base_url: str, model: str, api_key: str) -> None:
-    agent_dir.mkdir(parents=True, exist_ok=True)
     data = {
         "providers": {
             PROVIDER_NAME: {
@@ -105,9 +118,15 @@ def write_models_json(agent_dir: Path, base_url: str, model: str, api_key: str) 
 
 
 def _write_json(path: Path, data: Any) -> None:
+    """Write ``data`` unless the file already holds it: a running Pi of the same actor may be
+    reading it, and an unchanged file keeps the owner the sandbox gave it."""
+    text = json.dumps(data, indent=2)
     path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text:
+            return
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
 
@@ -157,12 +176,16 @@ def _resumable(session_dir: Path, stored_file: str | None) -> Path | None:
     return None
 
 
-def _process_dir(workspace: Any, fallback: Path) -> Path:
-    """Pi's working directory: the workspace root, else a gateway-owned directory."""
-    if workspace and Path(workspace).is_dir():
-        return Path(workspace)
-    fallback.mkdir(parents=True, exist_ok=True)
-    return fallback
+def _migrate_sessions(legacy: Path, session_dir: Path, stored_file: str | None) -> str | None:
+    """Move one actor's session folder of a workspace from the shared pre-home layout into the
+    actor's home (once); the stored session file's path, moved with it."""
+    if legacy.is_dir() and not session_dir.exists():
+        session_dir.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(legacy), str(session_dir))
+    if stored_file is not None:
+        with contextlib.suppress(ValueError):
+            return str(session_dir / Path(stored_file).relative_to(legacy))
+    return stored_file
 
 
 @dataclass
@@ -285,13 +308,16 @@ class PiRuntime:
     async def _start(self, turn: Turn, key: BindingKey) -> SessionPlan:
         """Start the Pi process of a new binding (its slot is counted) and find its session."""
         state = turn.state or {}
-        session_dir = self.settings.sessions_root / safe_name(key.workspace_id) / safe_name(key.actor_id)
-        stored_file = state.get("sessionFile")
+        home = self.home_for(turn)
+        session_dir = home / "sessions" / safe_name(key.workspace_id)
+        stored = state.get("sessionFile")
         same_workspace = state.get("workspaceId", key.workspace_id) == key.workspace_id
-        resume = await asyncio.to_thread(
-            _resumable, session_dir, stored_file if isinstance(stored_file, str) and same_workspace else None
+        legacy = self.settings.legacy_sessions_root / safe_name(key.workspace_id) / safe_name(key.actor_id)
+        stored_file = await asyncio.to_thread(
+            _migrate_sessions, legacy, session_dir, stored if isinstance(stored, str) and same_workspace else None
         )
-        process = await self._spawn(turn, key, session_dir, resume)
+        resume = await asyncio.to_thread(_resumable, session_dir, stored_file)
+        process = await self._spawn(turn, key, home, session_dir, resume)
         try:
             info = await process.request({"type": "get_state"}, timeout=self.settings.start_timeout)
         except BaseException:
@@ -327,20 +353,24 @@ class PiRuntime:
             warning = SHORT_REPLY_WARNING
         return SessionPlan("new_session", [], warning, detail=detail)
 
-    async def _spawn(self, turn: Turn, key: BindingKey, session_dir: Path, resume: Path | None) -> PiProcess:
+    def home_for(self, turn: Turn) -> Path:
+        """Pi's own home for the run's actor: its agent directory and sessions never cross actors."""
+        sandbox = turn.services.get("sandbox")
+        if sandbox is not None:
+            return Path(sandbox.home_for(AGENT_ID, turn.run.actor_id))
+        data_dir = Path(turn.services.get("data_dir") or self.settings.root.parent.parent)
+        return data_dir / "agent-homes" / AGENT_ID / safe_name(turn.run.actor_id)
+
+    def _launch(self, turn: Turn, key: BindingKey, home: Path, session_dir: Path, resume: Path | None) -> AgentLaunch:
+        """What Pi's process for this binding needs: see :class:`agent_gateway.AgentLaunch`."""
         s = self.settings
         # The base agent environment (or the gateway's with inherit_env), the section's env, then
-        # what Pi needs from the gateway: offline, no telemetry, the gateway-owned agent directory.
+        # what Pi needs from the gateway: offline, no telemetry, the actor's own agent directory.
         env = agent_environment(
-            {
-                **s.env,
-                "PI_OFFLINE": "1",
-                "PI_TELEMETRY": "0",
-                "PI_CODING_AGENT_DIR": str(s.agent_dir),
-                **await self._write_mcp_json(turn),
-            },
+            {**s.env, "PI_OFFLINE": "1", "PI_TELEMETRY": "0", "PI_CODING_AGENT_DIR": str(home / "agent")},
             inherit=s.inherit_env,
         )
+        env["HOME"] = str(home)
         argv = [*s.command, "--mode", "rpc", *LOCKDOWN_ARGS, "--session-dir", str(session_dir)]
         if s.provider_base_url:
             argv += ["--provider", PROVIDER_NAME, "--model", key.model or "default"]
@@ -349,28 +379,85 @@ class PiRuntime:
         if resume is not None:
             argv += ["--session", str(resume)]
         argv += list(s.extra_args)
-        workspace = (turn.services.get("workspace_roots") or {}).get(key.workspace_id)
-        cwd = await asyncio.to_thread(_process_dir, workspace, s.root / "work")
-        process = PiProcess(argv, env, cwd)
+        root = (turn.services.get("workspace_roots") or {}).get(key.workspace_id)
+        workspace_root = Path(root) if root is not None else None
+        # A run without a workspace folder gets an empty one of Pi's own, never the gateway's.
+        workspace_dir = workspace_root if workspace_root is not None else home / "no-workspace"
+        writable: list[tuple[Path, Path]] = []
+        if workspace_root is not None:
+            for allowed in allowed_roots_of(workspace_root, list(key.roots)):
+                if allowed.absolute is not None:
+                    writable.append((allowed.absolute, workspace_dir / allowed.label.rstrip("/")))
+        data_dir = str(turn.services.get("data_dir") or s.root.parent.parent)
+        base_url = turn.services.get("base_url")
+        return AgentLaunch(
+            agent_id=AGENT_ID,
+            actor_id=key.actor_id,
+            workspace_id=key.workspace_id,
+            command=argv,
+            env=env,
+            cwd=workspace_dir,
+            home=home,
+            workspace_dir=workspace_dir,
+            writable=writable,
+            read_only=[*program_paths(list(s.command), env.get("PATH"), [data_dir]), *s.read_only],
+            network=[*dict.fromkeys([*s.model_endpoints(), *s.network])],
+            mcp_url=str(base_url) if base_url else None,
+        )
+
+    async def _spawn(
+        self, turn: Turn, key: BindingKey, home: Path, session_dir: Path, resume: Path | None
+    ) -> PiProcess:
+        s = self.settings
+        launch = self._launch(turn, key, home, session_dir, resume)
+        sandbox = turn.services.get("sandbox")
+        await asyncio.to_thread(self._prepare_home, launch)
+        if sandbox is not None:
+            command: SandboxedCommand = await sandbox.confine(launch)
+        else:
+            command = SandboxedCommand(
+                list(launch.command), dict(launch.env), str(launch.cwd), "none: no sandbox service", confined=False
+            )
+        # mcp.json names the gateway's MCP surface where Pi reaches it: inside its sandbox, that is
+        # the sandbox's own loopback address for it.
+        env = dict(command.env)
+        env.update(await self._write_mcp_json(turn, home, command.mcp_base_url))
+        if sandbox is not None:
+            await asyncio.to_thread(sandbox.prepare_home, home)  # Pi's user owns its home
+        process = PiProcess(command.argv, env, Path(command.cwd))
         try:
             await process.start()
         except FileNotFoundError as exc:
+            if command.cleanup is not None:
+                await command.cleanup()
             raise RuntimeError(
                 f"pi-lab: cannot start {s.command[0]!r} ({exc.strerror}); install "
                 "@earendil-works/pi-coding-agent (contrib/peers/install.sh) or set [pi_lab] command"
             ) from exc
+        if command.cleanup is not None:
+            _after_exit(process, command.cleanup)
+        log.info("pi process %s for %s: %s", process.pid, key.actor_id, command.confinement)
         return process
 
-    async def _write_mcp_json(self, turn: Turn) -> dict[str, str]:
-        """Write ``<agent dir>/mcp.json`` (the configured servers plus the gateway's own MCP
-        surface for this binding); returns the environment its ``${VAR}`` references need."""
+    def _prepare_home(self, launch: AgentLaunch) -> None:
+        s = self.settings
+        for directory in (launch.home / "agent", launch.workspace_dir, launch.cwd):
+            directory.mkdir(parents=True, exist_ok=True)
+        if s.provider_base_url:
+            write_models_json(launch.home / "agent", s.provider_base_url, s.provider_model, s.provider_api_key)
+
+    async def _write_mcp_json(self, turn: Turn, home: Path, base_url: str | None) -> dict[str, str]:
+        """Write ``<home>/agent/mcp.json`` (the configured servers plus the gateway's own MCP
+        surface for this binding, at ``base_url`` when Pi reaches it there); returns the
+        environment its ``${VAR}`` references need."""
         env: dict[str, str] = {}
         servers: dict[str, Any] = dict(self.settings.mcp_servers)
         provider = turn.services.get("mcp_servers_for")
         entries: list[dict[str, Any]] = []
         if provider is not None:
             try:
-                entries = list(provider(turn, self.policy) or [])
+                found = provider(turn, self.policy, base_url=base_url) if base_url else provider(turn, self.policy)
+                entries = list(found or [])
             except Exception:
                 log.exception("mcp_servers_for failed; pi starts without the gateway tools")
         for entry in entries:
@@ -378,7 +465,7 @@ class PiRuntime:
             if converted is not None:
                 servers[converted[0]] = converted[1]
         async with self._mcp_lock:  # one writer at a time; the structure is the same for every process
-            await asyncio.to_thread(_write_json, self.settings.agent_dir / "mcp.json", {"mcpServers": servers})
+            await asyncio.to_thread(_write_json, home / "agent" / "mcp.json", {"mcpServers": servers})
         return env
 
     def _schedule_eviction(self, binding: Binding) -> None:
@@ -543,6 +630,23 @@ class PiRuntime:
         """Queue a follow-up for a running turn: Pi takes it up when the agent would otherwise
         stop; the run ends only when Pi settles after it."""
         return await self._queue(host_run_id, "follow_up", message)
+
+
+def _after_exit(process: PiProcess, cleanup: Callable[[], Awaitable[None]]) -> None:
+    """Run the sandbox's cleanup once the Pi process is gone."""
+
+    async def wait_then_clean() -> None:
+        try:
+            await process.exited.wait()
+        finally:
+            await cleanup()
+
+    task = asyncio.get_running_loop().create_task(wait_then_clean())
+    _CLEANUPS.add(task)
+    task.add_done_callback(_CLEANUPS.discard)
+
+
+_CLEANUPS: set[asyncio.Task[None]] = set()
 
 
 class PiSessionStrategy:
