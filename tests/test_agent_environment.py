@@ -78,7 +78,9 @@ async def test_pi_gets_the_base_environment_its_section_env_and_its_own_variable
     pid = binding.process.pid
     assert pid is not None
     environ = environ_of(pid)
-    assert (environ["SECTION_ONLY"], environ["HOME"], environ["PI_OFFLINE"]) == ("pi", str(home), "1")
+    # HOME is the agent's per-actor home whatever the section says: nothing it keeps crosses actors.
+    agent_home = gateway_of(client).sandbox.home_for("pi-lab", "local")
+    assert (environ["SECTION_ONLY"], environ["HOME"], environ["PI_OFFLINE"]) == ("pi", str(agent_home), "1")
     assert environ["PATH"] == os.environ["PATH"]
     if inherit:
         assert environ[SECRET_NAME] == SECRET
