@@ -11,23 +11,29 @@ relays each connection over a Unix socket the gateway bound into the sandbox:
   socket, whose CONNECT the client writes itself.
 
 Then it runs the agent (through ``setpriv`` to another user when ``--run-as UID:GID`` is given),
-passes SIGTERM/SIGINT/SIGHUP on, and exits with the agent's status. Only the standard library: it
-runs with ``python -I -S`` and must start in a few milliseconds.
+passes SIGTERM/SIGINT/SIGHUP on, and exits with the agent's status. It starts on every agent's
+cold start, so it runs with ``python -I -S`` and imports only the interpreter's C modules
+(``_socket``, ``_thread``, ``_signal``): the ``socket``, ``threading`` and ``signal`` modules
+would pull in ``enum`` and ``selectors`` and double its start-up. The listening sockets are bound
+before the agent starts (a connection queues until it is accepted); the threads that accept them
+start after.
 """
 
 from __future__ import annotations
 
+import _signal
+import _socket
+import _thread
 import os
-import signal
-import socket
 import sys
-import threading
 
 CHUNK = 65536
 HEAD_LIMIT = 8192
+SHUT_RD, SHUT_WR = 0, 1
+Socket = _socket.socket
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def _pump(source: Socket, sink: Socket, done: _thread.LockType | None = None) -> None:
     try:
         while True:
             data = source.recv(CHUNK)
@@ -37,35 +43,38 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
     except OSError:
         pass
     finally:
-        for sock, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
+        for sock, how in ((sink, SHUT_WR), (source, SHUT_RD)):
             try:
                 sock.shutdown(how)
             except OSError:
                 pass
+        if done is not None:
+            done.release()
 
 
-def _relay(client: socket.socket, upstream: socket.socket) -> None:
-    back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
-    back.start()
+def _relay(client: Socket, upstream: Socket) -> None:
+    back = _thread.allocate_lock()
+    back.acquire()
+    _thread.start_new_thread(_pump, (upstream, client, back))
     _pump(client, upstream)
-    back.join()
+    back.acquire()  # the other direction has ended too
     client.close()
     upstream.close()
 
 
-def _open_target(target: str) -> socket.socket:
-    kind, _, rest = target.partition(":")
-    if kind == "unix":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(rest)
-        return sock
-    raise ValueError(target)
+def _unix(path: str) -> Socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
-def _connect_via(egress: str, host_port: str) -> socket.socket:
+def _connect_via(egress: str, host_port: str) -> Socket:
     """A connection to ``host_port`` through the gateway's egress socket (CONNECT), or OSError."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(egress)
+    sock = _unix(egress)
     sock.sendall(f"CONNECT {host_port} HTTP/1.1\r\nHost: {host_port}\r\n\r\n".encode())
     head = b""
     while b"\r\n\r\n" not in head:
@@ -74,54 +83,54 @@ def _connect_via(egress: str, host_port: str) -> socket.socket:
             sock.close()
             raise OSError(f"the gateway closed the connection to {host_port}")
         head += data
-    status = head.split(b" ", 2)[1:2]
-    if status != [b"200"]:
+    if head.split(b" ", 2)[1:2] != [b"200"]:
         sock.close()
         raise OSError(f"the gateway refused {host_port}: {head.splitlines()[0].decode(errors='replace')}")
     return sock
 
 
-def _serve(listener: socket.socket, open_upstream: object) -> None:
+def _handle(client: Socket, open_upstream: object) -> None:
+    try:
+        upstream = open_upstream()  # type: ignore[operator]
+    except OSError:
+        client.close()
+        return
+    _relay(client, upstream)
+
+
+def _serve(listener: Socket, open_upstream: object) -> None:
     while True:
         try:
-            client, _ = listener.accept()
+            fd, _ = listener._accept()
         except OSError:
             return
-
-        def handle(client: socket.socket = client) -> None:
-            try:
-                upstream = open_upstream()  # type: ignore[operator]
-            except OSError:
-                client.close()
-                return
-            _relay(client, upstream)
-
-        threading.Thread(target=handle, daemon=True).start()
+        _thread.start_new_thread(_handle, (_socket.socket(fileno=fd), open_upstream))
 
 
-def _listen(address: str) -> list[socket.socket]:
-    host, _, port = address.rpartition(":")
+def _listen(address: str) -> list[Socket]:
+    """Listening sockets on loopback inside the sandbox: 127.0.0.1 and, where it exists, ::1."""
+    port = int(address.rpartition(":")[2])
     sockets = []
-    for family, bind_host in ((socket.AF_INET, host), (socket.AF_INET6, "::1")):
-        if family == socket.AF_INET6 and host not in ("127.0.0.1", "localhost"):
-            continue
+    for family, host in ((_socket.AF_INET, "127.0.0.1"), (_socket.AF_INET6, "::1")):
+        sock = _socket.socket(family, _socket.SOCK_STREAM)
         try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind((bind_host if family == socket.AF_INET6 else "127.0.0.1", int(port)))
+            sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            if family == _socket.AF_INET6:
+                sock.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 1)
+            sock.bind((host, port))
             sock.listen(64)
-            sockets.append(sock)
         except OSError:
-            if family == socket.AF_INET:
+            sock.close()
+            if family == _socket.AF_INET:
                 raise
+            continue
+        sockets.append(sock)
     return sockets
 
 
 def _parse(argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """``--name value`` pairs up to ``--``, then the command. By hand: argparse alone would add a
-    good part of the supervisor's start-up time to every agent's cold start."""
+    """``--name value`` pairs up to ``--``, then the command (by hand: argparse would add a good
+    part of the supervisor's start-up to every agent's cold start)."""
     options: dict[str, list[str]] = {"--egress": [], "--forward": [], "--proxy": [], "--run-as": []}
     index = 0
     while index < len(argv) and argv[index] != "--":
@@ -138,30 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         raise SystemExit("agent-gateway sandbox supervisor: no command")
     egress = options["--egress"][-1] if options["--egress"] else ""
+    served: list[tuple[Socket, object]] = []
     for spec in options["--forward"]:
         address, _, target = spec.partition("=")
-        if target.startswith("connect:"):
-            host_port = target[len("connect:") :]
+        kind, _, rest = target.partition(":")
+        if kind == "connect":
 
-            def opener(host_port: str = host_port) -> socket.socket:
+            def opener(host_port: str = rest) -> Socket:
                 return _connect_via(egress, host_port)
 
+        elif kind == "unix":
+
+            def opener(path: str = rest) -> Socket:
+                return _unix(path)
+
         else:
-
-            def opener(target: str = target) -> socket.socket:
-                return _open_target(target)
-
-        for listener in _listen(address):
-            threading.Thread(target=_serve, args=(listener, opener), daemon=True).start()
+            raise SystemExit(f"agent-gateway sandbox supervisor: bad forward {spec!r}")
+        served.extend((listener, opener) for listener in _listen(address))
     for address in options["--proxy"]:
 
-        def proxy_opener() -> socket.socket:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(egress)
-            return sock
+        def proxy_opener() -> Socket:
+            return _unix(egress)
 
-        for listener in _listen(address):
-            threading.Thread(target=_serve, args=(listener, proxy_opener), daemon=True).start()
+        served.extend((listener, proxy_opener) for listener in _listen(address))
     if options["--run-as"]:
         uid, _, gid = options["--run-as"][-1].partition(":")
         command = [
@@ -177,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
     pid = os.fork()
     if pid == 0:  # the agent: stdin, stdout and stderr are the supervisor's
+        for listener, _ in served:
+            listener.close()
         try:
             os.execvp(command[0], command)
         except OSError as exc:
@@ -189,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
+    for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(signum, forward)
+    for listener, opener in served:
+        _thread.start_new_thread(_serve, (listener, opener))
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
