@@ -132,7 +132,7 @@ def validate_run_request(body: Any) -> dict[str, Any]:
         if problem:
             raise ApiError(400, "invalid_request", f"webhook {problem}")
         request["webhook"] = body["webhook"]
-    unknown = set(body) - set(request)
+    unknown = set(body) - set(request) - {"webhook"}  # (a null webhook is none)
     if unknown:
         raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
     return request
