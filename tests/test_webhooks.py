@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +25,9 @@ from aiohttp.test_utils import TestClient
 from conftest import MakeGateway, run_body, run_to_end
 from standardwebhooks import Webhook
 
+from agent_gateway.config import Config
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from agent_gateway.webhooks import new_secret
+from agent_gateway.webhooks import Refused, _Allowed, decode_secret, new_secret, resolve_checked, sign
 
 WAIT = 20.0
 SECRET = new_secret()
@@ -213,7 +216,7 @@ async def test_a_gateway_killed_before_the_delivery_delivers_after_restart_once(
         "AGENT_GATEWAY__CHAT_ONLY__MODEL": "m",
         "AGENT_GATEWAY__WEBHOOKS__SECRET": SECRET,
         "AGENT_GATEWAY__WEBHOOKS__ALLOWED_HOSTS": '["127.0.0.1"]',
-        "AGENT_GATEWAY__WEBHOOKS__TIMEOUT_SECONDS": "1.0",
+        "AGENT_GATEWAY__WEBHOOKS__TIMEOUT_SECONDS": "2.0",
         "AGENT_GATEWAY__WEBHOOKS__POLL_SECONDS": "0.2",
     }
     data_dir = tmp_path / "data"
@@ -246,3 +249,53 @@ async def test_a_gateway_killed_before_the_delivery_delivers_after_restart_once(
     assert receiver.requests[0].headers["webhook-id"] == receiver.requests[1].headers["webhook-id"] == done["webhookId"]
     payload = verify(receiver.requests[1])
     assert payload == receipt and payload["status"] == "completed"
+
+
+# -- the pieces, without a gateway ------------------------------------------------------------------
+
+
+def test_a_rotation_signs_with_both_secrets_and_either_verifies() -> None:
+    old, new = new_secret(), new_secret()
+    body = b'{"hostRunId":"run_1"}'
+    timestamp = int(time.time())
+    header = sign([decode_secret(new), decode_secret(old)], "msg_run_1", timestamp, body)
+    assert header.count("v1,") == 2
+    headers = {"webhook-id": "msg_run_1", "webhook-timestamp": str(timestamp), "webhook-signature": header}
+    for secret in (old, new):
+        assert Webhook(secret).verify(body, headers) == {"hostRunId": "run_1"}
+    with pytest.raises(Exception, match=r"(?i)signature"):
+        Webhook(new_secret()).verify(body, headers)
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed", "refused"),
+    [
+        ("10.0.0.1", [], "private address 10.0.0.1"),
+        ("::ffff:10.0.0.1", [], "private address ::ffff:a00:1"),  # IPv4-mapped: judged as 10.0.0.1
+        ("fe80::1", [], "link-local"),
+        ("0.0.0.0", [], "private address 0.0.0.0"),
+        ("100.64.0.1", [], "non-public"),  # carrier-grade NAT
+        ("10.0.0.1", ["10.0.0.0/8"], None),
+        ("127.0.0.1", ["127.0.0.1"], None),
+        ("8.8.8.8", [], None),  # public: allowed (nothing is contacted here)
+    ],
+)
+async def test_address_checks(host: str, allowed: list[str], refused: str | None) -> None:
+    check = resolve_checked(host, 80, _Allowed(allowed))
+    if refused is None:
+        [result] = await check
+        assert result["host"] == host and result["hostname"] == host
+    else:
+        with pytest.raises(Refused, match=re.escape(refused)):
+            await check
+
+
+def test_config_refuses_a_malformed_secret_and_urls() -> None:
+    config = Config.load(
+        None,
+        env={},
+        overrides={"webhooks": {"secret": "hunter2", "url_by_agent": {"chat-only": "ftp://x"}, "poll_seconds": 0}},
+    )
+    problems = "\n".join(config.problems())
+    assert "secret" in problems and "whsec_" in problems
+    assert "chat-only" in problems and "poll_seconds" in problems
