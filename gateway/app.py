@@ -40,6 +40,7 @@ from agent_gateway.sandbox.egress import SandboxNetwork
 from agent_gateway.sse import StreamStats
 from agent_gateway.tools import ToolFacade
 from agent_gateway.watcher import Watcher
+from agent_gateway.webhooks import Webhooks
 from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.app")
@@ -189,6 +190,11 @@ class Gateway:
             workspace_access=self.workspace_access,
             coordinator=self.coordinator,
         )
+        # Run webhooks ([webhooks]): deliveries from the journal's outbox, after each run ends.
+        self.webhooks = Webhooks(config.section("webhooks"), storage, self.executor)
+        if self.webhooks.enabled:
+            self.runs.webhook_url = self.webhooks.url_for
+            self.runs.listeners.append(self.webhooks.run_changed)
         self.watcher = Watcher(self)
         # Freed heap pages go back to the system after runs end: RSS settles between runs.
         self.heap_trimmer = HeapTrimmer(None, lambda: len(self.runs.active_runs()))
@@ -222,6 +228,7 @@ class Gateway:
         interrupted = await self.runs.recover()
         await self.watcher.start()
         await self.maintenance.start()
+        await self.webhooks.start()  # after `recover`: runs a crash left active now have their end
         if interrupted:
             log.warning("marked %d run(s) left active by a previous process as interrupted", interrupted)
         await self.plugins.startup(app)
@@ -265,6 +272,7 @@ class Gateway:
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()
         await self.maintenance.stop()
+        await self.webhooks.stop()
         self.heap_trimmer.stop()
         await self.journal.close()
         self.loop_monitor.stop()

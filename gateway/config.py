@@ -141,6 +141,12 @@ def _validate_storage(section: dict[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+def _validate_webhooks(section: dict[str, Any]) -> list[tuple[str, str]]:
+    from agent_gateway.webhooks import validate_section  # imports the HTTP client: only when used
+
+    return validate_section(section)
+
+
 CORE_SECTIONS = [
     SectionSpec(
         "gateway",
@@ -192,6 +198,23 @@ CORE_SECTIONS = [
         _validate_workspaces,
         "Workspace ids mapped to directories, and which actors may use them; tools reach files only "
         "below a run's allowed roots there.",
+    ),
+    SectionSpec(
+        "webhooks",
+        {
+            "secret": "",
+            "previous_secrets": [],
+            "url_by_agent": {},
+            "url_by_actor": {},
+            "allowed_hosts": [],
+            "retry_for_seconds": 86400.0,
+            "timeout_seconds": 15.0,
+            "backoff_seconds": 5.0,
+            "max_backoff_seconds": 3600.0,
+            "poll_seconds": 5.0,
+        },
+        _validate_webhooks,
+        "Run webhooks: the signing secret, default URLs per agent or actor, retries, allowed private hosts.",
     ),
 ]
 

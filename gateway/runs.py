@@ -38,6 +38,7 @@ from agent_gateway.models import (
 from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
+from agent_gateway.webhooks import url_problem
 from agent_gateway.workspace_access import DEFAULT_WORKSPACE, WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.runs")
@@ -126,7 +127,12 @@ def validate_run_request(body: Any) -> dict[str, Any]:
     if parent is not None and not isinstance(parent, str):
         raise ApiError(400, "invalid_request", "parentRunId must be a string")
     request["parentRunId"] = parent
-    unknown = set(body) - set(request)
+    if "webhook" in body and body["webhook"] is not None:  # absent: the key stays out of the request hash
+        problem = url_problem(body["webhook"])
+        if problem:
+            raise ApiError(400, "invalid_request", f"webhook {problem}")
+        request["webhook"] = body["webhook"]
+    unknown = set(body) - set(request) - {"webhook"}  # (a null webhook is none)
     if unknown:
         raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
     return request
@@ -223,6 +229,9 @@ class RunManager:
         self.finished: Counter[str] = Counter()  # runs ended by this process, by terminal status
         self.created = 0
         self.listeners: list[Callable[[Run], None]] = []
+        # (actor, agent, the request's webhook) -> the run's webhook URL, or raises ApiError (the
+        # gateway's webhooks); None: webhooks are not set up and a request naming one is refused.
+        self.webhook_url: Callable[[str, str, str | None], str | None] | None = None
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -246,6 +255,12 @@ class RunManager:
             )
         if check is not None:
             await check(request)
+        if self.webhook_url is not None:
+            webhook = self.webhook_url(actor_id, request["agentId"], request.get("webhook"))
+        elif request.get("webhook"):
+            raise ApiError(400, "webhooks_disabled", "this gateway sends no webhooks ([webhooks] secret is not set)")
+        else:
+            webhook = None
         availability = await self.availability.get(request["agentId"])
         if not availability["available"]:
             raise agent_unavailable(request["agentId"], availability)
@@ -268,7 +283,7 @@ class RunManager:
                 if self.coordinator.clustered:
                     # Another instance may take the key: the insert decides (the storage's
                     # unique key), in one worker trip between two group commits.
-                    run = self._new_run(actor_id, request, request_hash, runtime)
+                    run = self._new_run(actor_id, request, request_hash, runtime, webhook)
                     existing = await self.journal.write(self._insert_or_find, run)
                 else:
                     # Only this process creates runs: a look-up (a read, which never waits for a
@@ -276,7 +291,7 @@ class RunManager:
                     # event, with the next group commit. The spool keeps it until then.
                     existing = await self._find_by_request(key)
                     if existing is None:
-                        run = self._new_run(actor_id, request, request_hash, runtime)
+                        run = self._new_run(actor_id, request, request_hash, runtime, webhook)
                         self._unstored[key] = run
                         record = b"run " + json.dumps(asdict(run), separators=(",", ":")).encode()
                         self.journal.write_behind(self._store_new_run, key, run, record=record)
@@ -410,8 +425,13 @@ class RunManager:
         active = self._active.get(existing.host_run_id)
         return active.run if active else existing
 
-    def _new_run(self, actor_id: str, request: dict[str, Any], request_hash: str, runtime: Runtime) -> Run:
+    def _new_run(
+        self, actor_id: str, request: dict[str, Any], request_hash: str, runtime: Runtime, webhook: str | None = None
+    ) -> Run:
         target = request["context"].get("target")
+        stored = {k: request[k] for k in ("message", "context", "options")}
+        if webhook:  # the storage writes the run's outbox row with its own (docs/webhooks.md)
+            stored["webhook"] = webhook
         return Run(
             host_run_id="run_" + secrets.token_hex(12),
             request_id=request["requestId"],
@@ -424,7 +444,7 @@ class RunManager:
             target_snapshot_hash=canonical_hash(target) if target is not None else None,
             capability_snapshot_hash=canonical_hash(runtime.policy.to_wire()),
             request_hash=request_hash,
-            request={k: request[k] for k in ("message", "context", "options")},
+            request=stored,
         )
 
     # -- execution ----------------------------------------------------------------------------------

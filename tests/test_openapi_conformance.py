@@ -31,13 +31,14 @@ from aiohttp import web
 from conftest import WAIT, run_body, run_to_end
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from agent_gateway.app import create_app
+from agent_gateway.app import GATEWAY_KEY, create_app
 from agent_gateway.config import Config
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.routes.console import CONSOLE_ROUTES
 from agent_gateway.testing.fake_openai import FakeOpenAI
 
 RUNS_TOKEN = "tok-conformance-runs"
+WEBHOOK_SECRET = "whsec_" + "A" * 32
 PREFS_TOKEN = "tok-conformance-prefs"
 # Each stateful scenario runs as actors of its own: a scenario replayed by Hypothesis then meets the
 # same (empty) state, not the runs and idempotency keys an earlier scenario left behind.
@@ -82,9 +83,15 @@ class GatewayThread:
                 "hermes": {"enabled": False},
                 "reasonix": {"enabled": False},
                 "pi_lab": {"enabled": False},
+                # A run body's `webhook` is accepted (it is schema-valid)...
+                "webhooks": {"secret": WEBHOOK_SECRET},
             },
         )
-        self.runner = web.AppRunner(create_app(config, PluginHost.load(env={})))
+        app = create_app(config, PluginHost.load(env={}))
+        # ... but never sent: the fuzzed URLs name hosts the test must not resolve or reach
+        # (deliveries are tested in test_webhooks.py).
+        app[GATEWAY_KEY].webhooks.enabled_for_delivery = False
+        self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
         await site.start()

@@ -663,3 +663,30 @@ def test_sqlite_file_that_cannot_be_opened_raises_storage_unavailable(tmp_path: 
             file.rename(tmp_path / file.name)
     assert in_new_thread(lambda: storage.get_run("run-1")) == make_run(1)
     storage.close()
+
+
+def test_the_webhook_outbox_row_comes_with_its_run_and_one_instance_claims_it(make_storage: StorageFactory) -> None:
+    """docs/webhooks.md: the delivery is written with the run (one transaction), is due once the
+    run's stored status is terminal, and two instances on one database never both take it."""
+    first, second = make_storage(), make_storage()
+    run = make_run(1)
+    run.request = {**run.request, "webhook": "https://example.com/hook"}
+    first.insert_run(run)
+    first.insert_run(make_run(2))  # no webhook: no row
+    assert first.get_webhook("run-2") is None
+    row = second.get_webhook("run-1")
+    assert row is not None and row["state"] == "pending" and row["url"] == "https://example.com/hook"
+    now = 10_000
+    assert first.due_webhooks(now) == []  # the run has not ended
+    first.update_run("run-1", status="completed")
+    [due] = second.due_webhooks(now)
+    assert due["id"] == row["id"] == "msg_run-1"
+    assert [first.claim_webhook(due["id"], now, now + 5_000), second.claim_webhook(due["id"], now, now + 5_000)] == [
+        True,
+        False,
+    ]
+    assert second.due_webhooks(now + 1_000) == []  # leased
+    assert [r["id"] for r in second.due_webhooks(now + 5_000)] == ["msg_run-1"]  # the lease lapsed
+    first.update_webhook("msg_run-1", state="delivered", attempts=1, lease_until=0, last_status=200)
+    assert second.due_webhooks(now + 10_000) == []
+    assert second.get_webhook("run-1")["state"] == "delivered"  # type: ignore[index]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
 from agent_gateway.preferences import apply_run_defaults
 from agent_gateway.runs import AdmissionRefused
 from agent_gateway.sse import RunEnded, stream_run
+from agent_gateway.webhooks import delivery_view
 
 if TYPE_CHECKING:
     from agent_gateway.app import Gateway
@@ -110,6 +112,16 @@ class RunRoutes:
     async def get(self, request: web.Request) -> web.Response:
         return _receipt(await self._run(request))
 
+    async def webhook(self, request: web.Request) -> web.Response:
+        """The run's webhook delivery: attempts, last answer, outcome (null: the run has none)."""
+        run = await self._run(request)
+        row = None
+        if self.gw.webhooks.supported:
+            row = await asyncio.get_running_loop().run_in_executor(
+                self.gw.executor, self.gw.webhooks.storage.get_webhook, run.host_run_id
+            )
+        return web.json_response({"hostRunId": run.host_run_id, "webhook": delivery_view(row)})
+
     async def events(self, request: web.Request) -> web.Response:
         run = await self._run(request)
         after = _cursor(request.query.get("afterSeq"), "afterSeq")
@@ -203,6 +215,7 @@ def setup(app: web.Application, gateway: Gateway) -> None:
     app.router.add_post("/v1/runs", routes.create)
     app.router.add_get("/v1/runs/{host_run_id}", routes.get)
     app.router.add_get("/v1/runs/{host_run_id}/events", routes.events)
+    app.router.add_get("/v1/runs/{host_run_id}/webhook", routes.webhook)
     app.router.add_get("/v1/runs/{host_run_id}/stream", routes.stream)
     app.router.add_post("/v1/runs/{host_run_id}/cancel", routes.cancel)
     app.router.add_post("/v1/runs/{host_run_id}/permissions/{request_id}", routes.permission)

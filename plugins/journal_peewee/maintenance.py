@@ -299,6 +299,7 @@ class MaintenanceMixin:
             self._sql(f"DELETE FROM {events} WHERE host_run_id = ?", (host_run_id,))
             self._sql(f"DELETE FROM {self._spans} WHERE host_run_id = ?", (host_run_id,))
             self._sql(f"DELETE FROM {receipts} WHERE host_run_id = ?", (host_run_id,))
+            self._sql(f"DELETE FROM {self._outbox} WHERE host_run_id = ?", (host_run_id,))  # type: ignore[attr-defined]
             self._sql(f"DELETE FROM {self._rd_table} WHERE host_run_id = ?", (host_run_id,))
             self._sql(f"DELETE FROM {runs} WHERE host_run_id = ?", (host_run_id,))
             left = self._sql(

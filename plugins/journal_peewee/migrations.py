@@ -310,6 +310,19 @@ def journal_1(ctx: MigrationContext) -> None:
     )
 
 
+def journal_2(ctx: MigrationContext) -> None:
+    """the webhook outbox: one row per run with a webhook, its delivery state"""
+    ob = ctx.table("webhook_outbox")
+    ctx.sql(
+        f"CREATE TABLE IF NOT EXISTS {ob} (id TEXT PRIMARY KEY, host_run_id TEXT NOT NULL UNIQUE,"
+        " url TEXT NOT NULL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,"
+        " next_at BIGINT NOT NULL, lease_until BIGINT NOT NULL DEFAULT 0, created_at BIGINT NOT NULL,"
+        " first_attempt_at BIGINT, last_attempt_at BIGINT, last_status INTEGER, last_error TEXT,"
+        " delivered_at BIGINT)"
+    )
+    ctx.sql(f"CREATE INDEX IF NOT EXISTS {ctx.prefix}webhook_outbox_due ON {ob} (state, next_at)")
+
+
 # Append only: the Nth function brings the journal to version N.
-JOURNAL_MIGRATIONS: tuple[Migration, ...] = (journal_1,)
+JOURNAL_MIGRATIONS: tuple[Migration, ...] = (journal_1, journal_2)
 JOURNAL_VERSION = len(JOURNAL_MIGRATIONS)

@@ -50,6 +50,7 @@ from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_m
 
 from .maintenance import MaintenanceMixin
 from .migrations import JOURNAL, JOURNAL_MIGRATIONS, Migration, read_version, run_migrations
+from .outbox import OutboxMixin
 from .sessions import SessionIndexMixin
 
 log = logging.getLogger("agent_gateway.storage")
@@ -302,7 +303,7 @@ def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
 # -- the storage ------------------------------------------------------------------------------------
 
 
-class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
+class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin):
     """:class:`agent_gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
@@ -496,6 +497,7 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin):
         try:
             with self._write():
                 self._sql(self._insert_run_sql, [row[name] for name in _RUN_FIELDS])
+                self._insert_outbox(run)  # same transaction: a stored run's webhook is owed
         except peewee.IntegrityError:
             existing = self.find_run_by_request(run.actor_id, run.session_id, run.workspace_id, run.request_id)
             if existing is None:
