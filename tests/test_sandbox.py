@@ -77,6 +77,9 @@ def world(tmp_path: Path) -> dict[str, Path]:
         made[name] = tmp_path / name
     (tmp_path / "secret.txt").write_text("the outside secret", encoding="utf-8")
     made["secret"] = tmp_path / "secret.txt"
+    # what a gateway's config file holds: actors' tokens
+    (tmp_path / "gateway.toml").write_text(f"[auth]\ntokens = {TOKENS!r}\n".replace("'", '"'), encoding="utf-8")
+    made["config"] = tmp_path / "gateway.toml"
     return made
 
 
@@ -136,6 +139,7 @@ async def test_an_agent_reaches_only_what_its_run_may(
         "read": [
             str(ws_a / "notes" / "today.md"),  # inside the run's allowed root: readable
             str(world["secret"]),
+            str(world["config"]),
             str(ws_b / "notes" / "today.md"),
             str(ws_a / "private.md"),  # the run's own workspace, outside its allowed roots
             f"/proc/{os.getpid()}/environ",
@@ -161,9 +165,9 @@ async def test_an_agent_reaches_only_what_its_run_may(
     _, seen, events = await probe(client, ALICE, "wsA", spec)
 
     assert seen[f"read {ws_a / 'notes' / 'today.md'}"] == "ok:wsA notes"
-    for path in (world["secret"], ws_b / "notes" / "today.md", ws_a / "private.md", "/etc/shadow"):
+    for path in (world["secret"], world["config"], ws_b / "notes" / "today.md", ws_a / "private.md", "/etc/shadow"):
         assert refused(seen[f"read {path}"]), (path, seen[f"read {path}"])
-    assert SECRET_VALUE not in json.dumps(seen)
+    assert SECRET_VALUE not in json.dumps(seen) and "tok-bob" not in json.dumps(seen)
     assert seen[f"env {SECRET_ENV}"] is None
     # The data directory shows nothing of the gateway's: only the way to the agent's own home.
     listed = seen[f"listdir {data_dir}"]
