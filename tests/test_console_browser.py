@@ -55,11 +55,13 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     directory each time, so a second start is a restart."""
     started: list[GatewayProcess] = []
 
-    async def start(upstream: str = "", acp: Sequence[str] = (), port: int = 0, toml: str = "") -> GatewayProcess:
+    async def start(
+        upstream: str = "", acp: Sequence[str] = (), port: int = 0, toml: str = "", acp_table: str = ""
+    ) -> GatewayProcess:
         config = tmp_path / "gateway.toml"
         if acp:
             command = json.dumps([sys.executable, FAKE_ACP_AGENT, *acp])
-            toml += f"\n[acp_agents.fake]\ncommand = {command}\n"
+            toml += f"\n[acp_agents.fake]\ncommand = {command}\n{acp_table}"
         config.write_text(toml, encoding="utf-8")
         env = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": upstream or "http://127.0.0.1:9/v1"}
         env["AGENT_GATEWAY__CHAT_ONLY__MODEL"] = "m"
@@ -149,15 +151,18 @@ async def test_3000_thought_deltas_then_the_end_clear_the_busy_state(
 async def test_a_load_with_replay_after_a_restart_shows_no_duplicated_bubbles(
     browser: Browser, tmp_path: Path, start_gateway: Any
 ) -> None:
-    agent = ["--behaviour", "replay", "--state-dir", str(tmp_path / "agent-state")]
-    first = await start_gateway(acp=agent)
+    state = tmp_path / "agent-state"
+    agent = ["--behaviour", "replay", "--state-dir", str(state)]
+    # the agent keeps its sessions there: a folder it may write from its sandbox
+    writable = f'sandbox_writable = ["{state}"]\n'
+    first = await start_gateway(acp=agent, acp_table=writable)
     page = await open_console(browser, first.url)
     await send(page, "first question", agent="fake")
     await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question"])
     await expect(page.locator("#h-status")).to_have_text("completed")
     session_url = page.url
     await first.stop()
-    second = await start_gateway(acp=agent)
+    second = await start_gateway(acp=agent, acp_table=writable)
     await page.goto(second.url + "/" + session_url.split("/", 3)[3])
     await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question"])
     await send(page, "second question", agent="fake")
