@@ -24,6 +24,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -412,3 +413,40 @@ async def test_hermes_interrupt_mid_stream_then_continue_knows_the_interrupted_t
     (request,) = llm.turn_requests("Stop, a short one.")
     users = [text for role, text in conversation(request) if role == "user"]
     assert any(text.strip().endswith("Write a very long list of words.") for text in users[:-1]), conversation(request)
+
+
+# -- the pieces -------------------------------------------------------------------------------------
+
+
+def test_the_packet_keeps_an_interrupted_turn_and_drops_a_rolled_back_or_cancelled_one() -> None:
+    from agent_gateway.sessions import cold_resume_packet, prompt_text
+
+    history = [
+        {"status": "completed", "user": "one", "assistant": "first answer"},
+        {"status": "cancelled", "user": "two", "assistant": "cut", "interruptedBy": "run_b"},
+        {"status": "cancelled", "user": "three", "assistant": "gone", "interruptedBy": "run_c", "rolledBack": True},
+        {"status": "cancelled", "user": "four", "assistant": "stopped by the client"},
+    ]
+    packet = cold_resume_packet(history)
+    assert [(item["user"], item["assistant"], item.get("interrupted", False)) for item in packet] == [
+        ("one", "first answer", False),
+        ("two", "cut", True),
+    ]
+
+    # What prompt_text reads of a turn: a cold-resumed ACP prompt says the answer was cut off.
+    plan = SimpleNamespace(mode="cold_resumed", packet=packet)
+    text = prompt_text(SimpleNamespace(plan=plan, context={}, message="next"))
+    assert "User: two\nAssistant: cut\n(The user interrupted this answer with the next message.)" in text
+
+
+def test_the_configured_strategies_are_checked() -> None:
+    from agent_gateway.config import Config
+
+    def problems(gateway: dict[str, Any]) -> list[str]:
+        return Config.load(None, env={}, overrides={"gateway": gateway}).problems()
+
+    assert problems({"multitask_strategy": "interrupt", "multitask_strategy_by_agent": {"chat-only": "rollback"}}) == []
+    (wrong,) = problems({"multitask_strategy": "later"})
+    assert "gateway.multitask_strategy" in wrong and "enqueue, reject, interrupt, rollback" in wrong
+    (wrong,) = problems({"multitask_strategy_by_agent": {"chat-only": "never"}})
+    assert "multitask_strategy_by_agent.chat-only" in wrong
