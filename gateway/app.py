@@ -185,6 +185,8 @@ class Gateway:
             services=self.services,
             max_queued_per_session=int(gw["max_queued_runs_per_session"]),
             max_active_per_actor=int(gw["max_active_runs_per_actor"]),
+            multitask_strategy=str(gw["multitask_strategy"]),
+            multitask_strategy_by_agent=dict(gw["multitask_strategy_by_agent"]),
             max_run_journal_bytes=int(gw["max_run_journal_bytes"]),
             max_actor_journal_bytes_per_day=int(gw["max_actor_journal_bytes_per_day"]),
             workspace_access=self.workspace_access,

@@ -93,6 +93,12 @@ def _validate_gateway(section: dict[str, Any]) -> list[tuple[str, str]]:
                 f"must be 0 (Python's default) or {MIN_SWITCH_INTERVAL_MS:g}..{MAX_SWITCH_INTERVAL_MS:g}",
             )
         )
+    strategies = ("enqueue", "reject", "interrupt", "rollback")  # (gateway/runs.py MULTITASK_STRATEGIES)
+    if section["multitask_strategy"] not in strategies:
+        problems.append(("multitask_strategy", f"must be one of {', '.join(strategies)}"))
+    for agent_id, strategy in section["multitask_strategy_by_agent"].items():
+        if strategy not in strategies:
+            problems.append((f"multitask_strategy_by_agent.{agent_id}", f"must be one of {', '.join(strategies)}"))
     public_url = section["public_url"]
     if public_url and (not public_url.startswith(("http://", "https://")) or "?" in public_url or "#" in public_url):
         problems.append(("public_url", "must be an http:// or https:// URL without query or fragment"))
@@ -162,6 +168,8 @@ CORE_SECTIONS = [
             "run_timeout_seconds": 3600.0,
             "max_queued_runs_per_session": 16,
             "max_active_runs_per_actor": 64,
+            "multitask_strategy": "enqueue",
+            "multitask_strategy_by_agent": {},
             "max_run_journal_bytes": 64 * 1024 * 1024,
             "max_actor_journal_bytes_per_day": 16 * 1024 * 1024 * 1024,
             "header_timeout_seconds": 10.0,

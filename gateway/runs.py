@@ -52,6 +52,10 @@ ADMISSION_RETRY_AFTER_SECONDS = 2
 SECONDS_PER_DAY = 86_400
 # The events `RunManager._observe` looks at (one set lookup for every other event).
 OBSERVED_KINDS = TOOL_EVENT_KINDS | {"files.changed"}
+# What a new run does to a run of its session still active ("double-texting"): queue behind it,
+# be refused, cancel it (the agent keeps the cancelled turn), or cancel it and make the agent
+# forget it (runtimes whose policy says `can_rollback`).
+MULTITASK_STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
 
 
 # Waiting for a run another cluster instance executes: its live events buffered here between
@@ -132,6 +136,13 @@ def validate_run_request(body: Any) -> dict[str, Any]:
         if problem:
             raise ApiError(400, "invalid_request", f"webhook {problem}")
         request["webhook"] = body["webhook"]
+    if "multitaskStrategy" in body:  # absent: the agent's configured default (a request without it hashes as before)
+        strategy = body["multitaskStrategy"]
+        if not isinstance(strategy, str) or strategy not in MULTITASK_STRATEGIES:
+            raise ApiError(
+                400, "invalid_request", f"multitaskStrategy must be one of {', '.join(MULTITASK_STRATEGIES)}"
+            )
+        request["multitaskStrategy"] = strategy
     unknown = set(body) - set(request) - {"webhook"}  # (a null webhook is none)
     if unknown:
         raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
@@ -166,6 +177,31 @@ class ActiveRun:
     journal_bytes: int = 0  # of its published events (their SSE frames)
     # How the run ends whatever its turn returns (it went over a limit and was stopped).
     forced_outcome: TurnOutcome | None = None
+    # The run of the same session that interrupted this one (multitask `interrupt`/`rollback`),
+    # and whether the agent is to forget this turn (`rollback`).
+    interrupted_by: str | None = None
+    rolled_back: bool = False
+
+
+def session_busy(run: Run) -> ApiError:
+    return ApiError(
+        409,
+        "session_busy",
+        f"run {run.host_run_id} of this session is still {run.status} (multitaskStrategy reject); "
+        "retry when it has ended, or send another strategy",
+        hostRunId=run.host_run_id,
+        runStatus=run.status,
+    )
+
+
+def rollback_not_supported(agent_id: str) -> ApiError:
+    return ApiError(
+        400,
+        "rollback_not_supported",
+        f"agent {agent_id!r} keeps its own session and cannot forget a turn (its policy's canRollback is "
+        "false): use multitaskStrategy interrupt, reject or enqueue",
+        agentId=agent_id,
+    )
 
 
 class RunManager:
@@ -186,6 +222,8 @@ class RunManager:
         max_actor_journal_bytes_per_day: int = 0,
         workspace_access: WorkspaceAccess | None = None,
         coordinator: Coordinator | None = None,
+        multitask_strategy: str = "enqueue",
+        multitask_strategy_by_agent: dict[str, str] | None = None,
     ) -> None:
         self.storage = storage
         # Who else runs sessions (a cluster); a single instance owns them all.
@@ -199,6 +237,8 @@ class RunManager:
         self.services = services if services is not None else {}
         self.max_queued_per_session = max_queued_per_session
         self.max_active_per_actor = max_active_per_actor
+        self.multitask_strategy = multitask_strategy
+        self.multitask_strategy_by_agent = dict(multitask_strategy_by_agent or {})
         # Byte limits on the journal (0: none). The daily count is per actor and UTC day, kept in
         # this process's memory (it starts at 0 after a restart, and each cluster instance counts
         # its own runs).
@@ -265,6 +305,11 @@ class RunManager:
         if not availability["available"]:
             raise agent_unavailable(request["agentId"], availability)
         self.workspace_access.require(actor_id, request["workspaceId"])
+        strategy = request.get("multitaskStrategy") or self.multitask_strategy_by_agent.get(
+            request["agentId"], self.multitask_strategy
+        )
+        if strategy == "rollback" and not runtime.policy.can_rollback:
+            raise rollback_not_supported(request["agentId"])
         if self.coordinator.clustered:  # the session may belong to another instance
             owner = await self.coordinator.session_owner(actor_id, request["sessionId"])
             if owner is not None and owner != self.coordinator.instance_id:
@@ -280,6 +325,12 @@ class RunManager:
                     return await self._existing(existing, request_hash), False
                 raise
             try:
+                if strategy != "enqueue":
+                    # Idempotency first (a repeat of a run created so finds its run, not itself busy).
+                    existing = await self._find_by_request(key)
+                    if existing is not None:
+                        return await self._existing(existing, request_hash), False
+                    self._check_multitask(strategy, actor_id, request["sessionId"])
                 if self.coordinator.clustered:
                     # Another instance may take the key: the insert decides (the storage's
                     # unique key), in one worker trip between two group commits.
@@ -299,6 +350,8 @@ class RunManager:
                     return await self._existing(existing, request_hash), False
                 self.journal.open_run(run.host_run_id)
                 active = ActiveRun(run, runtime)
+                if strategy in ("interrupt", "rollback"):
+                    self._interrupt_session(run, strategy == "rollback")
                 self._active[run.host_run_id] = active
             finally:
                 self._admitting[admitted] -= 1
@@ -308,6 +361,40 @@ class RunManager:
         await self.journal.append(run.host_run_id, "run.created", {"receipt": run.to_receipt()})
         active.task = asyncio.create_task(self._execute(active), name=f"run-{run.host_run_id}")
         return run, True
+
+    def _live_session_runs(self, actor_id: str, session_id: str) -> list[ActiveRun]:
+        """The session's runs still active here (a run whose terminal event is out is only storing
+        its end: clients may have seen it end)."""
+        return [
+            a
+            for a in self._active.values()
+            if a.run.actor_id == actor_id
+            and a.run.session_id == session_id
+            and not (a.run.is_terminal or self.journal.has_terminal(a.run.host_run_id))
+        ]
+
+    def _check_multitask(self, strategy: str, actor_id: str, session_id: str) -> None:
+        """Refuse a new run its strategy cannot take: `reject` while the session has an active
+        run, `rollback` of a run whose agent cannot forget it."""
+        live = self._live_session_runs(actor_id, session_id)
+        if strategy == "reject" and live:
+            raise session_busy(next((a.run for a in live if a.run.status != "queued"), live[0].run))
+        if strategy == "rollback":
+            for other in live:
+                if not other.runtime.policy.can_rollback:
+                    raise rollback_not_supported(other.run.agent_id)
+
+    def _interrupt_session(self, run: Run, rollback: bool) -> None:
+        """Cancel the session's active runs for the new `run` (which queues behind them on the
+        session lock, so it starts the moment the agent is free). Each ends `cancelled` naming
+        `run`; its turn stays in the session transcript, marked to be left out (`rollback`) or
+        sent to the agent as an interrupted turn."""
+        for other in self._live_session_runs(run.actor_id, run.session_id):
+            other.interrupted_by = run.host_run_id
+            other.rolled_back = rollback
+            if not other.cancel_requested:
+                other.cancel_requested = True
+                self._stop(other)
 
     async def _find_by_request(self, key: tuple[str, str, str, str]) -> Run | None:
         unstored = self._unstored.get(key)
@@ -498,6 +585,10 @@ class RunManager:
             outcome = TurnOutcome("failed", f"{type(exc).__name__}: {exc}")
         if active.forced_outcome is not None:
             outcome = active.forced_outcome
+        elif active.interrupted_by is not None and outcome.status == "cancelled":
+            verb = "rolled back" if active.rolled_back else "interrupted"
+            detail = {**outcome.detail, "interruptedBy": active.interrupted_by, "rolledBack": active.rolled_back}
+            outcome = TurnOutcome("cancelled", f"{verb} by {active.interrupted_by}", detail)
         await self._finish(active, outcome)
 
     async def _run_turn(self, active: ActiveRun) -> TurnOutcome:
@@ -724,6 +815,11 @@ class RunManager:
             "files": list(active.files),
             "at": now_ms(),
         }
+        if active.interrupted_by is not None and status == "cancelled":
+            # The session's next turn knows it (interrupt) or never sees it (rollback).
+            entry["interruptedBy"] = active.interrupted_by
+            if active.rolled_back:
+                entry["rolledBack"] = True
         try:
             await self._update_session(
                 run,

@@ -30,6 +30,10 @@ class RuntimePolicy:
     # The agent takes MCP servers over HTTP: the gateway offers its tools as an HTTP MCP server
     # instead of a stdio bridge process.
     mcp_http: bool = False
+    # The runtime can forget a turn (the `rollback` multitask strategy): what the agent knows of
+    # earlier turns is only what the gateway sends it each turn, so a turn left out is forgotten.
+    # An agent that keeps its own session cannot.
+    can_rollback: bool = False
     # Anything else a plugin or a `negotiate_runtime_policy` hook wants clients to see.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -38,6 +42,7 @@ class RuntimePolicy:
             "contextCarrier": self.context_carrier,
             "loadSession": self.load_session,
             "mcpHttp": self.mcp_http,
+            "canRollback": self.can_rollback,
             **self.extra,
         }
 

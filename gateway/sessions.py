@@ -62,13 +62,18 @@ def cold_resume_packet(
     history: list[dict[str, Any]], max_turns: int = PACKET_MAX_TURNS, max_chars: int = PACKET_MAX_CHARS
 ) -> list[dict[str, Any]]:
     """The last finished turns, newest kept when over budget: user and assistant finals, a summary
-    of the tools called and the files changed (never thoughts or raw tool output)."""
+    of the tools called and the files changed (never thoughts or raw tool output). A turn another
+    run interrupted counts, with what it had answered (`interrupted`), unless it was rolled back."""
     packet: list[dict[str, Any]] = []
     used = 0
     for entry in reversed(history):
-        if entry.get("status") != "completed":
+        status = entry.get("status")
+        interrupted = status == "cancelled" and bool(entry.get("interruptedBy")) and not entry.get("rolledBack")
+        if status != "completed" and not interrupted:
             continue
         item: dict[str, Any] = {"user": entry.get("user", ""), "assistant": entry.get("assistant", "")}
+        if interrupted:
+            item["interrupted"] = True
         tools = [
             f"{t.get('tool')} {t.get('path') or ''} ({t.get('status')})".replace("  ", " ")
             for t in entry.get("tools") or ()
@@ -126,6 +131,8 @@ def prompt_text(turn: Any) -> str:
             lines.append(f"User: {entry['user']}")
             if entry.get("assistant"):
                 lines.append(f"Assistant: {entry['assistant']}")
+            if entry.get("interrupted"):
+                lines.append("(The user interrupted this answer with the next message.)")
             if entry.get("tools"):
                 lines.append("Tools used: " + "; ".join(entry["tools"]))
             if entry.get("files"):

@@ -52,6 +52,9 @@ def _wants_stream(request: web.Request) -> bool:
     """Create-and-stream: `?stream=1`, or an Accept header asking for text/event-stream and not
     for JSON (an Accept naming both keeps the JSON receipt)."""
     flag = _query(request, "stream")
+    if request.rel_url.raw_query_string and set(request.query) - {"stream"}:  # as the body: no unknown fields
+        unknown = ", ".join(sorted(set(request.query) - {"stream"}))[:200]
+        raise ApiError(400, "invalid_request", f"unknown query parameter(s): {unknown}")
     if flag is not None:
         if flag not in STREAM_FLAGS:
             raise ApiError(400, "invalid_request", f"stream must be 1, true, 0 or false, got {flag[:40]!r}")

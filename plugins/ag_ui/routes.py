@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 # Journal events read per page when a resumed stream rebuilds what the client had.
 PREFIX_PAGE = 2000
 # The keys of `forwardedProps.agentGateway` that go into the gateway run as they are.
-GATEWAY_PROPS = ("workspaceId", "context", "options", "parentRunId")
+GATEWAY_PROPS = ("workspaceId", "context", "options", "parentRunId", "multitaskStrategy")
+MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
+MULTITASK_STRATEGIES = ["enqueue", "reject", "interrupt", "rollback"]
 
 _ERRORS = {
     code: {"$ref": f"#/components/responses/{name}"}
@@ -128,14 +130,15 @@ _GATEWAY_PROPS = {
         },
         "options": {"type": ["object", "null"]},
         "parentRunId": {"type": ["string", "null"]},
+        "multitaskStrategy": {"type": ["string", "null"], "enum": [*MULTITASK_STRATEGIES, None]},
     },
 }
 RUN_OPENAPI: dict[str, Any] = {
     "operationId": "agUiRun",
     "summary": "Run an agent from an AG-UI RunAgentInput and stream AG-UI events",
     "description": "threadId is the gateway session, runId the idempotency key (requestId), the last user "
-    "message with text the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options "
-    "and parentRunId for the gateway run. See docs/ag-ui.md.",
+    "message with text the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options, "
+    "parentRunId and multitaskStrategy for the gateway run. See docs/ag-ui.md.",
     "tags": _TAGS,
     "parameters": [
         {
@@ -143,7 +146,14 @@ RUN_OPENAPI: dict[str, Any] = {
             "in": "path",
             "required": True,
             "schema": {"$ref": "#/components/schemas/AgentId"},
-        }
+        },
+        {
+            "name": MULTITASK_HEADER,
+            "in": "header",
+            "schema": {"type": "string", "enum": MULTITASK_STRATEGIES},
+            "description": "What this run does while a run of its thread is still active (wins over "
+            "forwardedProps.agentGateway.multitaskStrategy): enqueue, reject (409 session_busy), interrupt, rollback",
+        },
     ],
     "requestBody": {
         "required": True,
@@ -312,6 +322,13 @@ class AgUiRoutes:
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         body = run_body(request.match_info["agentId"], await read_json(request))
+        strategy = request.headers.get(MULTITASK_HEADER)
+        if strategy is not None:  # wins over forwardedProps; the core checks it (a 400 naming the strategies)
+            if body.get("multitaskStrategy") not in (None, *MULTITASK_STRATEGIES):
+                raise ApiError(
+                    400, "invalid_request", "forwardedProps.agentGateway.multitaskStrategy is not a strategy"
+                )
+            body["multitaskStrategy"] = strategy.strip()
         try:
             run, _created = await self.routes.create_run(request, body)
         except ApiError as refused:

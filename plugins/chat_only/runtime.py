@@ -45,7 +45,7 @@ class ChatOnlyRuntime:
         self.idle_timeout = idle_timeout
         self.max_history_turns = max_history_turns
         self.max_history_chars = max_history_chars
-        self.policy = RuntimePolicy(context_carrier="transcript_rebuild")
+        self.policy = RuntimePolicy(context_carrier="transcript_rebuild", can_rollback=True)
         # The core's default `session_strategy` uses this: the transcript, bounded as configured.
         self.session_strategy = TranscriptStrategy(max_history_turns, max_history_chars)
         self._session: aiohttp.ClientSession | None = None
@@ -97,6 +97,8 @@ class ChatOnlyRuntime:
         if stream not in done:
             stream.cancel()  # closes the upstream response and its connection
             await asyncio.gather(stream, return_exceptions=True)
+            if turn.assistant_text:  # what was streamed stays the run's (partial) answer
+                await turn.emit("message.completed", {"text": turn.assistant_text, "partial": True})
             return TurnOutcome("cancelled", "cancelled by the client; upstream request closed")
         # The stream's error is looked at, not re-raised here: raised, its traceback would take
         # this frame, whose locals hold the task that holds the error (a reference cycle, freed

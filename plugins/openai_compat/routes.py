@@ -3,7 +3,9 @@
 Each request becomes an ordinary gateway run (``PluginRoutes.create_run``): ``model`` is the agent
 id, the last user message is the run's message, and the session comes from the
 ``X-Agent-Gateway-Session`` header, ``metadata.session_id``, ``previous_response_id`` (responses)
-or ``user``, in that order; without any, every request is a session of its own. Streams are the
+or ``user``, in that order; without any, every request is a session of its own. What a request
+does while the session still answers comes from the ``X-Agent-Gateway-Multitask`` header or
+``metadata.multitask_strategy`` (the run's ``multitaskStrategy``). Streams are the
 run's journal through :mod:`.mapping`'s encoders, so every response can be resumed.
 """
 
@@ -23,6 +25,7 @@ from agent_gateway import ApiError, Event, PluginRoutes, Run, read_json
 from .mapping import RESPONSE_PREFIX, RESPONSE_STATUS, ChatCompletion, ResponseStream
 
 SESSION_HEADER = "X-Agent-Gateway-Session"
+MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_ID_LENGTH = 200
 # Pages of events read for a non-streamed answer; bounded in count so no loop runs forever.
@@ -171,6 +174,9 @@ class OpenAIRoutes:
         roots = self._allowed_roots(body)
         if roots is not None:
             run_request["context"] = {"allowedRoots": roots}
+        strategy = request.headers.get(MULTITASK_HEADER) or (body.get("metadata") or {}).get("multitask_strategy")
+        if strategy is not None:  # checked by the core (a 400 naming the strategies)
+            run_request["multitaskStrategy"] = strategy.strip()
         run, _ = await self.routes.create_run(request, run_request)
         return run
 
