@@ -87,6 +87,9 @@ _EXPORTS: dict[str, str] = {
     "write_home_file": "agent_gateway.sandbox",
     "program_paths": "agent_gateway.sandbox",
     "parse_endpoint": "agent_gateway.sandbox",
+    # following runs in a tracing system (the trace_run hook)
+    "RunTrace": "agent_gateway.telemetry",
+    "ModelCallTrace": "agent_gateway.telemetry",
 }
 
 # public names that differ from the internal one
@@ -155,6 +158,8 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "write_home_file",
     "program_paths",
     "parse_endpoint",
+    "RunTrace",
+    "ModelCallTrace",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
@@ -201,6 +206,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         prompt_text,
     )
     from agent_gateway.storage import RequestConflict, Storage, StorageUnavailable
+    from agent_gateway.telemetry import ModelCallTrace, RunTrace
     from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError, validate_schema
 
 

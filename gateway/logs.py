@@ -14,6 +14,8 @@ from typing import Any
 run_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("run_id", default=None)
 session_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("session_id", default=None)
 agent_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("agent_id", default=None)
+# The run's trace id when a tracing plugin (the `trace_run` hook) follows it.
+trace_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace_id", default=None)
 
 
 class ContextFilter(logging.Filter):
@@ -21,6 +23,7 @@ class ContextFilter(logging.Filter):
         record.host_run_id = run_id_var.get()
         record.session_id = session_id_var.get()
         record.agent_id = agent_id_var.get()
+        record.trace_id = trace_id_var.get()
         return True
 
 
@@ -32,7 +35,12 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for key, field in (("hostRunId", "host_run_id"), ("sessionId", "session_id"), ("agentId", "agent_id")):
+        for key, field in (
+            ("hostRunId", "host_run_id"),
+            ("sessionId", "session_id"),
+            ("agentId", "agent_id"),
+            ("traceId", "trace_id"),
+        ):
             value = getattr(record, field, None)
             if value:
                 entry[key] = value

@@ -116,6 +116,12 @@ class Run:
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def trace_id(self) -> str | None:
+        """The run's trace id when a tracing plugin followed it (kept with the stored request)."""
+        value = self.request.get("traceId") if isinstance(self.request, dict) else None
+        return value if isinstance(value, str) else None
+
     def to_receipt(self) -> dict[str, Any]:
         return {
             "schema": RUN_SCHEMA,
@@ -135,6 +141,7 @@ class Run:
             "error": self.error,
             "createdAt": self.created_at,
             "updatedAt": self.updated_at,
+            "traceId": self.trace_id,
         }
 
     def to_dict(self) -> dict[str, Any]:

@@ -34,11 +34,13 @@ if TYPE_CHECKING:
     from agent_gateway.auth import Actor
     from agent_gateway.cluster import Coordinator
     from agent_gateway.config import Config
+    from agent_gateway.models import Run
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy
     from agent_gateway.sandbox import AgentLaunch
     from agent_gateway.sessions import SessionStrategy
     from agent_gateway.storage import Storage
+    from agent_gateway.telemetry import RunTrace
     from agent_gateway.tools import Tool, ToolCall
 
 log = logging.getLogger("agent_gateway.plugin_host")
@@ -175,6 +177,10 @@ class PluginHost:
 
     def tool_call_completed(self, call: ToolCall, receipt: dict[str, Any]) -> None:
         self.pm.hook.tool_call_completed(call=call, receipt=receipt)
+
+    def trace_run(self, run: Run, agent_name: str, headers: Mapping[str, str], config: Config) -> RunTrace | None:
+        trace: RunTrace | None = self.pm.hook.trace_run(run=run, agent_name=agent_name, headers=headers, config=config)
+        return trace
 
     def storage_backend(self, url: str, config: Config | None) -> Storage | None:
         storage: Storage | None = self.pm.hook.storage_backend(url=url, config=config)

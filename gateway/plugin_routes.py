@@ -185,7 +185,9 @@ class PluginRoutes:
         :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
         actor = self.actor(request)
         filled = await apply_run_defaults(self._gateway, actor, dict(body))
-        return await self._gateway.runs.create(actor, filled, self._gateway.auth.run_create_check(request))
+        return await self._gateway.runs.create(
+            actor, filled, self._gateway.auth.run_create_check(request), request.headers
+        )
 
     async def run_by_request(
         self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"

@@ -16,7 +16,7 @@ import re
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,7 +27,7 @@ from agent_gateway.descriptors import AgentAvailability
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
 from agent_gateway.locks import KeyedLocks
-from agent_gateway.logs import agent_id_var, run_id_var, session_id_var
+from agent_gateway.logs import agent_id_var, run_id_var, session_id_var, trace_id_var
 from agent_gateway.models import (
     ACTIVE_STATUSES,
     STATUS_BY_TERMINAL_KIND,
@@ -38,6 +38,7 @@ from agent_gateway.models import (
 from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
 from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
+from agent_gateway.telemetry import NO_TRACE, RunTrace
 from agent_gateway.webhooks import url_problem
 from agent_gateway.workspace_access import DEFAULT_WORKSPACE, WorkspaceAccess
 
@@ -51,7 +52,7 @@ TURN_FILES_KEPT = 50
 ADMISSION_RETRY_AFTER_SECONDS = 2
 SECONDS_PER_DAY = 86_400
 # The events `RunManager._observe` looks at (one set lookup for every other event).
-OBSERVED_KINDS = TOOL_EVENT_KINDS | {"files.changed"}
+OBSERVED_KINDS = TOOL_EVENT_KINDS | {"files.changed", "usage.updated"}
 # What a new run does to a run of its session still active ("double-texting"): queue behind it,
 # be refused, cancel it (the agent keeps the cancelled turn), or cancel it and make the agent
 # forget it (runtimes whose policy says `can_rollback`).
@@ -181,6 +182,9 @@ class ActiveRun:
     # and whether the agent is to forget this turn (`rollback`).
     interrupted_by: str | None = None
     rolled_back: bool = False
+    # A tracing plugin's handle on the run, and the run's last token counts for it.
+    trace: RunTrace = NO_TRACE
+    usage: dict[str, Any] | None = None
 
 
 def session_busy(run: Run) -> ApiError:
@@ -279,11 +283,16 @@ class RunManager:
 
     # -- creation ---------------------------------------------------------------------------------
     async def create(
-        self, actor_id: str, body: Any, check: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        self,
+        actor_id: str,
+        body: Any,
+        check: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[Run, bool]:
         """Create a run, or return the existing one for a repeated requestId (created=False).
         ``check(request)``, given the validated request, may refuse it (the caller's
-        authorization) before anything is stored."""
+        authorization) before anything is stored. ``headers``, the creating request's, are for a
+        tracing plugin (an inbound W3C ``traceparent``)."""
         request = validate_run_request(body)
         runtime = self.runtimes.get(request["agentId"])
         if runtime is None:
@@ -324,6 +333,7 @@ class RunManager:
                 if existing is not None:  # idempotency first: a repeat is answered whatever the limits
                     return await self._existing(existing, request_hash), False
                 raise
+            trace: RunTrace = NO_TRACE
             try:
                 if strategy != "enqueue":
                     # Idempotency first (a repeat of a run created so finds its run, not itself busy).
@@ -336,6 +346,10 @@ class RunManager:
                     # unique key), in one worker trip between two group commits.
                     run = self._new_run(actor_id, request, request_hash, runtime, webhook)
                     existing = await self.journal.write(self._insert_or_find, run)
+                    if existing is None:
+                        trace = self._trace(run, runtime, headers)
+                        if trace is not NO_TRACE:  # the row is stored already: add its trace id
+                            self._set_status(run, run.status, request=run.request)
                 else:
                     # Only this process creates runs: a look-up (a read, which never waits for a
                     # group commit) decides, and the row goes to storage behind the run's first
@@ -343,13 +357,14 @@ class RunManager:
                     existing = await self._find_by_request(key)
                     if existing is None:
                         run = self._new_run(actor_id, request, request_hash, runtime, webhook)
+                        trace = self._trace(run, runtime, headers)
                         self._unstored[key] = run
                         record = b"run " + json.dumps(asdict(run), separators=(",", ":")).encode()
                         self.journal.write_behind(self._store_new_run, key, run, record=record)
                 if existing is not None:  # a repeated requestId (or another process took the key)
                     return await self._existing(existing, request_hash), False
                 self.journal.open_run(run.host_run_id)
-                active = ActiveRun(run, runtime)
+                active = ActiveRun(run, runtime, trace=trace)
                 if strategy in ("interrupt", "rollback"):
                     self._interrupt_session(run, strategy == "rollback")
                 self._active[run.host_run_id] = active
@@ -395,6 +410,24 @@ class RunManager:
             if not other.cancel_requested:
                 other.cancel_requested = True
                 self._stop(other)
+
+    def _trace(self, run: Run, runtime: Runtime, headers: Mapping[str, str] | None) -> RunTrace:
+        """Ask a tracing plugin to follow the new run; its trace id goes into the receipt (kept
+        in the stored request, so no schema change: ``Run.trace_id``)."""
+        plugins, config = self.services.get("plugins"), self.services.get("config")
+        if plugins is None or config is None:
+            return NO_TRACE
+        try:
+            name = str(getattr(runtime, "display_name", None) or run.agent_id)
+            trace = plugins.trace_run(run, name, headers if headers is not None else {}, config)
+        except Exception:
+            log.exception("the trace_run hook failed for run %s", run.host_run_id)
+            return NO_TRACE
+        if trace is None:
+            return NO_TRACE
+        if trace.trace_id:
+            run.request["traceId"] = trace.trace_id
+        return trace
 
     async def _find_by_request(self, key: tuple[str, str, str, str]) -> Run | None:
         unstored = self._unstored.get(key)
@@ -557,6 +590,8 @@ class RunManager:
         run_id_var.set(run.host_run_id)  # this task's context: every log line names its run
         session_id_var.set(run.session_id)
         agent_id_var.set(run.agent_id)
+        if active.trace.trace_id:
+            trace_id_var.set(active.trace.trace_id)
         outcome: TurnOutcome
 
         async def queued() -> None:
@@ -631,6 +666,7 @@ class RunManager:
             update_receipt=update_receipt,
             emit_nowait=functools.partial(self.journal.append_nowait, run.host_run_id),
         )
+        turn.trace = active.trace
         active.turn = turn
         await self._resolve_capabilities(run)
         if active.cancel_requested or active.forced_outcome is not None:  # it came before the turn existed
@@ -741,9 +777,18 @@ class RunManager:
         active = self._active.get(event.host_run_id)
         if active is None:
             return
+        payload = event.payload
+        if event.kind == "usage.updated":  # a tracer's token counts (the last that has them)
+            if active.trace is not NO_TRACE and isinstance(payload, dict) and "inputTokens" in payload:
+                active.usage = payload
+            return
         if event.source not in NOT_AGENT_SOURCES and event.kind != "files.changed":
             self._follow_agent_tool(active, event)
-        payload = event.payload
+            if active.trace is not NO_TRACE:
+                try:
+                    active.trace.agent_tool_event(event.kind, payload)
+                except Exception:
+                    log.exception("the trace of run %s failed on a tool event", event.host_run_id)
         if event.kind == "tool.completed" and len(active.tools) < TURN_TOOLS_KEPT:
             active.tools.append(
                 {"tool": payload.get("tool"), "status": payload.get("status"), "path": payload.get("path")}
@@ -866,6 +911,11 @@ class RunManager:
             # The turn's callbacks (ask_permission) refer back to `active`: a cycle that only a full
             # collection (rare in a serving process) would free, holding the turn's text with it.
             active.turn = None
+            if active.trace is not NO_TRACE:
+                try:
+                    active.trace.end(run, active.usage)
+                except Exception:
+                    log.exception("the trace of run %s failed at its end", run.host_run_id)
             active.done.set()
             for listener in self.listeners:  # the journal still holds the run's events for them
                 listener(run)

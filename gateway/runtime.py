@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol
 
 from agent_gateway.journal import JournalFull
 from agent_gateway.models import TERMINAL_KINDS, Run
+from agent_gateway.telemetry import NO_TRACE, RunTrace
 
 # How earlier turns reach the agent: "agent_session" (the agent keeps them in its own session),
 # "transcript_rebuild" (the runtime resends the gateway's transcript each turn) or "none" (each
@@ -108,6 +109,9 @@ class Turn:
         # Whatever the session strategy prepared for the runtime (e.g. a live agent binding).
         self.binding: Any = None
         self.cancel_requested = asyncio.Event()
+        # A tracing plugin's handle on the run (the `trace_run` hook); does nothing without one.
+        # A runtime calling a model wraps the call in `trace.model_call(...)`.
+        self.trace: RunTrace = NO_TRACE
         self._text_parts: list[str] = []
         self.final_text: str | None = None
 

@@ -27,6 +27,7 @@ import difflib
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -211,6 +212,8 @@ class ToolCall:
     after_version: FileVersion | None = None
     write: WriteRecord | None = None
     note: str | None = None
+    # When the call began (ns since the epoch), for a tracer's span of it.
+    started_ns: int = field(default_factory=time.time_ns)
 
     @property
     def path(self) -> ResolvedPath | None:

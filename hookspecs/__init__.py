@@ -18,10 +18,11 @@ from agent_gateway.hookspecs import (
     runtime,
     session,
     storage,
+    telemetry,
     tools,
 )
 from agent_gateway.hookspecs.markers import PROJECT_NAME, hookimpl, hookspec
 
-SPEC_MODULES = (runtime, session, tools, storage, projection, config, routes, descriptors, cluster, auth)
+SPEC_MODULES = (runtime, session, tools, storage, projection, config, routes, descriptors, cluster, auth, telemetry)
 
 __all__ = ["PROJECT_NAME", "SPEC_MODULES", "hookimpl", "hookspec"]

@@ -37,7 +37,7 @@ from test_cluster import (  # aliased: pytest runs it in test_cluster.py only
 import agent_gateway.builtin
 import agent_gateway.cli
 import agent_gateway.plugins.journal_peewee
-from agent_gateway import PluginRoutes
+from agent_gateway import ModelCallTrace, PluginRoutes, RunTrace
 from agent_gateway.app import create_app
 from agent_gateway.cli import cli
 from agent_gateway.config import Config, section_specs_from_hook
@@ -45,6 +45,7 @@ from agent_gateway.hookspecs import PROJECT_NAME, SPEC_MODULES, hookimpl
 from agent_gateway.plugin_host import LOAD_ENV, TRACE_ENV, PluginError, PluginHost
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_NAMES = {"core", "journal_peewee", "chat_only"}
@@ -292,6 +293,63 @@ def test_tool_call_veto_first_reason_wins() -> None:
     asked.clear()
     assert host.tool_call_veto({"tool": "workspace.patch_file"}) == "no writes on Friday"
     assert asked == ["friday"]  # firstresult: the first reason stops the call
+
+
+class RecordingTrace(RunTrace):
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+    def __init__(self) -> None:
+        self.model_calls: list[tuple[str, str, dict[str, Any], str | None]] = []
+        self.ended: tuple[str, dict[str, Any]] | None = None
+
+    def model_call(self, operation: str, model: str, provider: str) -> ModelCallTrace:
+        trace = self
+
+        class Call(ModelCallTrace):
+            def __init__(self) -> None:
+                self.headers = {"traceparent": trace.traceparent}
+
+            def end(self, *, usage: Any = None, error: str | None = None, response_model: str | None = None) -> None:
+                trace.model_calls.append((operation, model, dict(usage or {}), error))
+
+        return Call()
+
+    def end(self, run: Any, usage: Any) -> None:
+        self.ended = (run.status, dict(usage or {}))
+
+
+class TracePlugin:
+    def __init__(self) -> None:
+        self.traces: dict[str, RecordingTrace] = {}
+        self.asked: list[tuple[str, str | None]] = []
+
+    @hookimpl
+    def trace_run(self, run: Any, agent_name: str, headers: Any, config: Any) -> RunTrace:
+        self.asked.append((agent_name, headers.get("x-test-trace")))  # case-insensitive
+        trace = self.traces[run.host_run_id] = RecordingTrace()
+        return trace
+
+
+async def test_trace_run_follows_a_run_from_its_receipt_to_its_end(make_gateway: Any, fake_llm: FakeOpenAI) -> None:
+    plugin = TracePlugin()
+    client = await make_gateway(extra_plugins=(plugin,))
+    fake_llm.add(Reply(text="traced", usage={"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}))
+    receipt, events = await run_to_end(client, run_body("hello"), headers={"X-Test-Trace": "yes"})
+    await gateway_of(client).runs.wait(receipt["hostRunId"])
+    assert events[-1]["event"] == "run.completed"
+    assert plugin.asked == [("Chat only", "yes")]
+    assert receipt["traceId"] == RecordingTrace.trace_id
+    trace = plugin.traces[receipt["hostRunId"]]
+    tokens = {"inputTokens": 5, "outputTokens": 2, "totalTokens": 7}
+    assert trace.model_calls == [("chat", "m", tokens, None)]  # chat-only wrapped its one model call
+    assert fake_llm.request_headers[-1]["traceparent"] == RecordingTrace.traceparent
+    assert trace.ended == ("completed", tokens)
+    # A repeated requestId is the same run: not traced again.
+    response = await client.post(
+        "/v1/runs", json={**run_body("hello"), "requestId": receipt["requestId"], "sessionId": receipt["sessionId"]}
+    )
+    assert response.status == 200 and len(plugin.asked) == 1
 
 
 def test_tool_call_completed_every_observer_sees_the_receipt() -> None:
@@ -724,6 +782,7 @@ HOOKS_TESTED = {
     "authenticate": authenticate_hook_test,
     "authentication_enabled": authentication_enabled_hook_test,
     "authorize": authorize_hook_test,
+    "trace_run": test_trace_run_follows_a_run_from_its_receipt_to_its_end,
 }
 
 

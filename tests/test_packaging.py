@@ -37,6 +37,7 @@ BUILT_INS = {
     "cluster_redis",
     "sandbox_bubblewrap",
     "auth_jwt",
+    "otel",
 }
 
 

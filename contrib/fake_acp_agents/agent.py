@@ -404,7 +404,11 @@ class FakeAgent:
             state.cancel.clear()
             text = "".join(getattr(block, "text", "") for block in prompt)
             try:
-                reply, stop = await self._turn(state, text)
+                if text.strip().endswith("traceparent?"):  # the W3C trace context sent in `_meta`
+                    reply, stop = f"traceparent: {kwargs.get('traceparent')}", "end_turn"
+                    await self._stream(state, reply)
+                else:
+                    reply, stop = await self._turn(state, text)
             except Cancelled:
                 reply, stop = "", "cancelled"
             finally:

@@ -829,15 +829,23 @@ class AcpProcess:
         return _as_dict(await self.request("session/set_mode", {"sessionId": session_id, "modeId": mode_id}, timeout))
 
     async def prompt(
-        self, session_id: str, blocks: str | Sequence[Mapping[str, Any]], timeout: float | None = None
+        self,
+        session_id: str,
+        blocks: str | Sequence[Mapping[str, Any]],
+        timeout: float | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``session/prompt``; the raw result, ``stopReason`` left as the agent's string.
 
-        ``blocks`` is a list of ACP content blocks, or a string for one text block.
+        ``blocks`` is a list of ACP content blocks, or a string for one text block; ``meta`` is
+        sent as the request's ``_meta`` (e.g. a W3C ``traceparent``, a key ACP reserves for it).
         Every update of the turn has been delivered to ``on_update`` when this returns.
         """
         prompt = [{"type": "text", "text": blocks}] if isinstance(blocks, str) else [dict(b) for b in blocks]
-        return _as_dict(await self.request("session/prompt", {"sessionId": session_id, "prompt": prompt}, timeout))
+        params: dict[str, Any] = {"sessionId": session_id, "prompt": prompt}
+        if meta:
+            params["_meta"] = dict(meta)
+        return _as_dict(await self.request("session/prompt", params, timeout))
 
     async def cancel(self, session_id: str) -> None:
         """Send ``session/cancel`` and answer the session's open permission requests ``cancelled``.

@@ -924,8 +924,10 @@ class AcpRuntime:
         binding.turn = turn
         binding.busy = True
         session_id = binding.agent_session_id
+        # A traced run's context goes to the agent (ACP reserves `_meta.traceparent` for it).
+        meta = {"traceparent": turn.trace.traceparent} if turn.trace.traceparent else None
         prompt = asyncio.ensure_future(
-            binding.process.prompt(session_id, self.prompt_blocks(turn), timeout=self.spec.prompt_timeout)
+            binding.process.prompt(session_id, self.prompt_blocks(turn), timeout=self.spec.prompt_timeout, meta=meta)
         )
         cancel = asyncio.ensure_future(turn.cancel_requested.wait())
         try:

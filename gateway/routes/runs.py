@@ -99,7 +99,9 @@ class RunRoutes:
         after = _cursor(header, "Last-Event-ID") if header else 0
         body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
         try:
-            run, created = await self.gw.runs.create(request["actor"], body, self.gw.auth.run_create_check(request))
+            run, created = await self.gw.runs.create(
+                request["actor"], body, self.gw.auth.run_create_check(request), request.headers
+            )
         except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry
             response = error_response(refused.status, refused.code, str(refused), **refused.extra)
             response.headers["Retry-After"] = str(refused.retry_after)

@@ -126,7 +126,23 @@ class ChatOnlyRuntime:
             "stream_options": {"include_usage": True},
         }
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        # One `chat` span per model call when a tracing plugin follows the run (its traceparent
+        # goes upstream); nothing per delta.
+        call = turn.trace.model_call("chat", str(body["model"]), self.provider)
+        usage: dict[str, int] | None = None
+        try:
+            text, usage = await self._request(turn, body, {**headers, **call.headers})
+        except BaseException as exc:
+            call.end(usage=usage, error=type(exc).__name__)
+            raise
+        call.end(usage=usage)
+        return text
+
+    async def _request(
+        self, turn: Turn, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[str, dict[str, int] | None]:
         parts: list[str] = []
+        last_usage: dict[str, int] | None = None
         emit, emit_nowait = turn.emit, turn.emit_nowait
         async with self._http().post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
             if response.status >= 400:
@@ -152,6 +168,7 @@ class ChatOnlyRuntime:
                 if chunk.get("usage"):
                     usage = token_usage(chunk["usage"])
                     if usage:
+                        last_usage = usage
                         await emit("usage.updated", usage)
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
@@ -166,7 +183,7 @@ class ChatOnlyRuntime:
                             await emit("message.delta", payload)
             else:
                 raise UpstreamError("upstream closed the stream before [DONE]")
-        return "".join(parts)
+        return "".join(parts), last_usage
 
     async def close(self) -> None:
         if self._session is not None:

@@ -172,6 +172,8 @@ class FakeOpenAI:
         self.api_key = api_key
         self.hang_timeout = hang_timeout
         self.requests: list[dict[str, Any]] = []
+        # The HTTP headers of each chat request, in the order of `requests` (a traceparent, say).
+        self.request_headers: list[dict[str, str]] = []
         self.embedding_requests: list[dict[str, Any]] = []
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._lock = threading.Lock()
@@ -463,6 +465,7 @@ class FakeOpenAI:
         body = await self._json_body(request)
         if isinstance(body, web.Response):
             return body
+        self.request_headers.append(dict(request.headers))
         self._record(body)
         try:
             reply = self._next_reply(body)
