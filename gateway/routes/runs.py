@@ -48,6 +48,19 @@ def _query(request: web.Request, name: str) -> str | None:
     return request.query.get(name) if request.rel_url.raw_query_string else None
 
 
+def _only_query(request: web.Request, known: frozenset[str]) -> None:
+    """400 for a query parameter the route does not declare (as for a body's unknown field: a
+    misspelt one must not be silently ignored). Free when there is no query string."""
+    if request.rel_url.raw_query_string:
+        unknown = set(request.query) - known
+        if unknown:
+            raise ApiError(400, "invalid_request", f"unknown query parameter(s): {', '.join(sorted(unknown))[:200]}")
+
+
+EVENTS_QUERY = frozenset({"afterSeq", "limit", "projection"})
+STREAM_QUERY = frozenset({"afterSeq", "projection"})
+
+
 def _wants_stream(request: web.Request) -> bool:
     """Create-and-stream: `?stream=1`, or an Accept header asking for text/event-stream and not
     for JSON (an Accept naming both keeps the JSON receipt)."""
@@ -128,6 +141,7 @@ class RunRoutes:
         return web.json_response({"hostRunId": run.host_run_id, "webhook": delivery_view(row)})
 
     async def events(self, request: web.Request) -> web.Response:
+        _only_query(request, EVENTS_QUERY)
         run = await self._run(request)
         after = _cursor(request.query.get("afterSeq"), "afterSeq")
         text = request.query.get("limit", str(DEFAULT_PAGE))
@@ -149,6 +163,7 @@ class RunRoutes:
         return web.Response(body=head.encode() + items + tail.encode(), content_type="application/json")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
+        _only_query(request, STREAM_QUERY)
         run = await self._run(request)
         header = request.headers.get("Last-Event-ID")
         after = _cursor(header, "Last-Event-ID") if header else _cursor(_query(request, "afterSeq"), "afterSeq")

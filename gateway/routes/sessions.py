@@ -77,6 +77,10 @@ def run_digest(run: Run, transcript: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# The query parameters of `GET /v1/sessions` (its OpenAPI declaration lists the same).
+LIST_QUERY = frozenset({"q", "agentId", "status", "limit", "cursor"})
+
+
 class SessionIndexer:
     """Keeps the session index current: a run listener feeding one worker task (so updates of a
     session are applied in the order they happened). Reads wait for it (:meth:`settle`), so a
@@ -317,6 +321,9 @@ class SessionRoutes:
         return actor_id, session_id, row
 
     async def list(self, request: web.Request) -> web.Response:
+        unknown = set(request.query) - LIST_QUERY
+        if unknown:  # as a body's unknown fields: a misspelt filter must not silently list everything
+            raise ApiError(400, "invalid_request", f"unknown query parameter(s): {', '.join(sorted(unknown))[:200]}")
         limit = _limit(request)
         query = request.query.get("q", "").strip()
         if len(query) > MAX_QUERY or "\x00" in query:

@@ -138,7 +138,8 @@ RUN_OPENAPI: dict[str, Any] = {
     "summary": "Run an agent from an AG-UI RunAgentInput and stream AG-UI events",
     "description": "threadId is the gateway session, runId the idempotency key (requestId), the last user "
     "message with text the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options, "
-    "parentRunId and multitaskStrategy for the gateway run. See docs/ag-ui.md.",
+    "parentRunId and multitaskStrategy for the gateway run; the `X-Agent-Gateway-Multitask` header (enqueue, reject, "
+    "interrupt, rollback) wins over it. See docs/ag-ui.md.",
     "tags": _TAGS,
     "parameters": [
         {
@@ -146,13 +147,6 @@ RUN_OPENAPI: dict[str, Any] = {
             "in": "path",
             "required": True,
             "schema": {"$ref": "#/components/schemas/AgentId"},
-        },
-        {
-            "name": MULTITASK_HEADER,
-            "in": "header",
-            "schema": {"type": "string", "enum": MULTITASK_STRATEGIES},
-            "description": "What this run does while a run of its thread is still active (wins over "
-            "forwardedProps.agentGateway.multitaskStrategy): enqueue, reject (409 session_busy), interrupt, rollback",
         },
     ],
     "requestBody": {
