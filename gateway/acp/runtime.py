@@ -600,7 +600,7 @@ class AcpRuntime:
         try:
             await process.start()
             if command.cleanup is not None:
-                _after_exit(process, command.cleanup)
+                command.clean_up_after(process.wait_closed)
             result = await process.initialize(timeout=self.spec.initialize_timeout)
         except BaseException:
             await process.close()
@@ -1090,23 +1090,6 @@ class AcpSessionStrategy:
 
     async def plan(self, turn: Turn, runtime: Any) -> SessionPlan:
         return await runtime.bind(turn)
-
-
-def _after_exit(process: AcpProcess, cleanup: Callable[[], Awaitable[None]]) -> None:
-    """Run the sandbox's cleanup once the agent process is gone."""
-
-    async def wait_then_clean() -> None:
-        try:
-            await process.wait_closed()
-        finally:
-            await cleanup()
-
-    task = asyncio.get_running_loop().create_task(wait_then_clean())
-    _CLEANUPS.add(task)
-    task.add_done_callback(_CLEANUPS.discard)
-
-
-_CLEANUPS: set[asyncio.Task[None]] = set()
 
 
 def _exit_code(error: AcpProcessExited, confined: bool) -> int | None:

@@ -17,6 +17,7 @@ instead.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import inspect
@@ -81,6 +82,27 @@ class SandboxedCommand:
     confined: bool = True
     mcp_base_url: str | None = None
     cleanup: Callable[[], Awaitable[None]] | None = None
+
+    def clean_up_after(self, exited: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``cleanup`` (if any) once ``exited()`` returns: call it right after the process
+        started, with what waits for its end."""
+        cleanup = self.cleanup
+        if cleanup is None:
+            return
+
+        async def wait_then_clean() -> None:
+            try:
+                await exited()
+            finally:
+                await cleanup()
+
+        task = asyncio.get_running_loop().create_task(wait_then_clean())
+        _CLEANUPS.add(task)
+        task.add_done_callback(_CLEANUPS.discard)
+
+
+# The cleanups waiting for their processes (a task nothing holds may be collected mid-wait).
+_CLEANUPS: set[asyncio.Task[None]] = set()
 
 
 @dataclass

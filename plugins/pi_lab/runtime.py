@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -435,7 +434,7 @@ class PiRuntime:
                 "@earendil-works/pi-coding-agent (contrib/peers/install.sh) or set [pi_lab] command"
             ) from exc
         if command.cleanup is not None:
-            _after_exit(process, command.cleanup)
+            command.clean_up_after(process.exited.wait)
         log.info("pi process %s for %s: %s", process.pid, key.actor_id, command.confinement)
         return process
 
@@ -630,23 +629,6 @@ class PiRuntime:
         """Queue a follow-up for a running turn: Pi takes it up when the agent would otherwise
         stop; the run ends only when Pi settles after it."""
         return await self._queue(host_run_id, "follow_up", message)
-
-
-def _after_exit(process: PiProcess, cleanup: Callable[[], Awaitable[None]]) -> None:
-    """Run the sandbox's cleanup once the Pi process is gone."""
-
-    async def wait_then_clean() -> None:
-        try:
-            await process.exited.wait()
-        finally:
-            await cleanup()
-
-    task = asyncio.get_running_loop().create_task(wait_then_clean())
-    _CLEANUPS.add(task)
-    task.add_done_callback(_CLEANUPS.discard)
-
-
-_CLEANUPS: set[asyncio.Task[None]] = set()
 
 
 class PiSessionStrategy:
