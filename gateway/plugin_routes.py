@@ -193,9 +193,9 @@ class PluginRoutes:
         self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"
     ) -> Run | None:
         """The run ``actor_id`` created with ``requestId`` ``request_id`` in that session and
-        workspace (the idempotency key), or None."""
-        storage = self._gateway.storage
-        return await self.in_thread(storage.find_run_by_request, actor_id, session_id, workspace_id, request_id)
+        workspace (the idempotency key), or None; a run just created is found before its row is
+        stored (which happens behind its first event)."""
+        return await self._gateway.runs.find_by_request(actor_id, session_id, workspace_id, request_id)
 
     async def events(self, run: Run, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """``run``'s journal events after ``after_seq`` (at most ``limit``), as ``/events`` pages them.

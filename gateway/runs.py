@@ -429,6 +429,11 @@ class RunManager:
             run.request["traceId"] = trace.trace_id
         return trace
 
+    async def find_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None:
+        """The run of this idempotency key, including one whose row is not stored yet (a new
+        run's row goes to storage behind its first event)."""
+        return await self._find_by_request((actor_id, session_id, workspace_id, request_id))
+
     async def _find_by_request(self, key: tuple[str, str, str, str]) -> Run | None:
         unstored = self._unstored.get(key)
         if unstored is not None:

@@ -53,22 +53,23 @@ def _gateway_types(objects: list[object]) -> Counter[str]:
 
 
 def _without_other_gateways(objects: list[object], keep: object) -> list[object]:
-    """`objects` less the object graphs of other gateways than `keep`: an earlier test's gateway
-    may become unreachable while this test runs (a worker thread that held it ends late on a busy
-    machine); its garbage is not this gateway's runs'."""
+    """`objects` less whatever is linked (either way) to a gateway other than `keep`: an earlier
+    test's gateway and its application may become unreachable while this test runs (a worker
+    thread that held them ends late on a busy machine); that garbage is not this gateway's runs'."""
     garbage = {id(o): o for o in objects}
-    others = {id(o) for o in objects if type(o).__qualname__ == "Gateway" and o is not keep}
-    stack = [garbage[i] for i in others]
-    while stack:  # what the other gateways reach ...
-        for referent in gc.get_referents(stack.pop()):
-            if id(referent) in garbage and id(referent) not in others:
-                others.add(id(referent))
-                stack.append(referent)
-    for _ in range(10):  # ... and what reaches them (bounded)
-        more = {i for i, o in garbage.items() if i not in others and any(id(r) in others for r in gc.get_referents(o))}
-        if not more:
-            break
-        others |= more
+    links: dict[int, set[int]] = {i: set() for i in garbage}
+    for i, o in garbage.items():
+        for referent in gc.get_referents(o):
+            j = id(referent)
+            if j in garbage and j != i:
+                links[i].add(j)
+                links[j].add(i)
+    others = {i for i, o in garbage.items() if type(o).__qualname__ == "Gateway" and o is not keep}
+    stack = list(others)
+    while stack:
+        for j in links[stack.pop()] - others:
+            others.add(j)
+            stack.append(j)
     return [o for i, o in garbage.items() if i not in others]
 
 
