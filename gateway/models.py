@@ -294,10 +294,10 @@ def sse_frames(events: list[Event], project: Callable[[Event], Any] | None = Non
         for event in events:
             projected = project(event)
             if projected is not None:
-                kind = event.kind
+                name = event.kind
                 parts.append(
                     b"id: %b%b%b\n\n"
-                    % (_SEQ_FORMAT % event.seq, _FRAME_KINDS.get(kind) or _frame_kind(kind), dumps(projected))
+                    % (_SEQ_FORMAT % event.seq, _FRAME_KINDS.get(name) or _frame_kind(name), dumps(projected))
                 )
         return b"".join(parts)
     append = parts.append

@@ -269,7 +269,7 @@ def _is_system(path: str) -> bool:
 
 
 def _ancestors(path: str) -> list[str]:
-    out = []
+    out: list[str] = []
     while True:
         parent = os.path.dirname(path)
         if parent == path:

@@ -162,7 +162,9 @@ class AgUiTranslator:
             self._end_tool(call_id, payload, out)
 
     def _plan(self, payload: dict[str, Any], out: list[BaseEvent]) -> None:
-        entries = payload.get("entries") if isinstance(payload.get("entries"), list) else []
+        entries = payload.get("entries")
+        if not isinstance(entries, list):
+            entries = []
         running = [
             str(e.get("content"))[:200]
             for e in entries
@@ -213,7 +215,8 @@ class AgUiTranslator:
         """The AG-UI events of one journal event (often none, sometimes several)."""
         if self.finished:
             return []
-        kind, payload, out = event.kind, event.payload, []
+        kind, payload = event.kind, event.payload
+        out: list[BaseEvent] = []
         if event.source == "adapter_replay":
             return out  # history an agent replays on load is not new output
         if kind == "message.delta":

@@ -134,8 +134,8 @@ def _load_key_file(path: Path) -> tuple[Any, str]:
 
     data = path.read_bytes()
     if b"-----BEGIN CERTIFICATE-----" in data:
-        key = x509.load_pem_x509_certificate(data).public_key()
-        return key, _family_of_key(key)
+        certified = x509.load_pem_x509_certificate(data).public_key()
+        return certified, _family_of_key(certified)
     if b"-----BEGIN" in data:
         if b"PRIVATE KEY" in data:
             raise PluginError(f"[{SECTION}] key_file {path} holds a private key: give the public key")
@@ -194,7 +194,7 @@ class JwtVerifier:
         except self.jwt.InvalidTokenError:
             return None  # not a JWT: the static tokens (tried last) may know it
         alg = header.get("alg")
-        if alg not in self.algorithms:
+        if not isinstance(alg, str) or alg not in self.algorithms:
             raise _unauthorized(f"algorithm {str(alg)[:20]!r} is not accepted")
         if self.key is not None:
             return self._verify(token, alg, self.key)

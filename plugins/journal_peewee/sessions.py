@@ -155,7 +155,9 @@ class SessionIndexMixin:
         """Create or update the session's index row from one of its runs (status, agent, mode).
         An older run than the one last seen changes nothing but the run count; a run no longer
         stored (its session was deleted after this snapshot of it) changes nothing."""
-        options = run.request.get("options") if isinstance(run.request.get("options"), dict) else {}
+        options = run.request.get("options")
+        if not isinstance(options, dict):
+            options = {}
         profile, model = options.get("profile"), options.get("model")
         runs = self._qualified(self.models.run._meta.table_name)
         newer = "excluded.updated_at >= cur.updated_at"

@@ -405,7 +405,8 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin):
         if self.database.is_closed():
             # Connecting failed (peewee wraps the driver's error), or the error came first.
             return "unreachable" if isinstance(exc, peewee.PeeweeException) else "usable"
-        return "dropped" if getattr(self.database._state.conn, "closed", False) else "usable"
+        # open (just checked), so connection() hands out this thread's connection, opening none
+        return "dropped" if getattr(self.database.connection(), "closed", False) else "usable"
 
     def _forget_connection(self, exc: Exception, *, dropped: bool) -> None:
         if dropped:

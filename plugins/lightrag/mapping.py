@@ -255,9 +255,9 @@ def rewrite_answer(
         entry = _REFERENCE_ENTRY.match(line)
         name = _entry_name(entry.group(2)) if entry else ""
         if entry and (heading is not None or _FILE_LIKE.search(name)):
-            shown = shown_by_key.get(name.casefold())
-            if shown is not None:
-                out.append(entry.group(1) + shown)
+            known = shown_by_key.get(name.casefold())
+            if known is not None:
+                out.append(entry.group(1) + known)
                 kept += 1
             continue  # not one of the caller's documents: the entry goes
         if heading is not None and line.strip():
