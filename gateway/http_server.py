@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
@@ -46,6 +47,50 @@ RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.EN
 ACCEPT_BACKOFF_FIRST = 0.05
 ACCEPT_BACKOFF_MAX = 1.0
 ACCEPT_ERROR_LOG_INTERVAL = 10.0
+
+# aiohttp's internals this module reads, sets or overrides: there is no public way to do what it
+# does with them. setup.cfg pins aiohttp to AIOHTTP_TESTED, the series they were checked on;
+# tests/test_aiohttp_internals.py checks each on the installed aiohttp, and `GatewayRunner`
+# refuses to start on one that lacks any (`missing_aiohttp_internals`).
+AIOHTTP_TESTED = ">=3.14,<3.15"
+AIOHTTP_INTERNALS: tuple[tuple[type, tuple[str, ...]], ...] = (
+    # the per-connection protocol: its server, request queue and state, the handler a request
+    # goes to (replaced beyond max_connections), flow control; two methods overridden here
+    (
+        RequestHandler,
+        (
+            "_manager",
+            "_messages",
+            "_request_in_progress",
+            "_waiter",
+            "_request_handler",
+            "_loop",
+            "_paused",
+            "finish_response",
+            "handle_error",
+        ),
+    ),
+    (web.Server, ("_loop", "_kwargs")),  # what a request handler is made with
+    (web.BaseRunner, ("_make_server",)),  # overridden: our server class
+    (web.BaseSite, ("_runner", "_ssl_context", "_backlog", "_server")),  # `GuardedTCPSite`
+)
+
+
+def missing_aiohttp_internals(*objects: object) -> list[str]:
+    """What the installed aiohttp lacks of `AIOHTTP_INTERNALS`, one sentence each. Each name is
+    looked up on the first of `objects` that is an instance of its class (attributes set in
+    ``__init__``), else on the class (slots, methods)."""
+    missing = []
+    for cls, names in AIOHTTP_INTERNALS:
+        where = next((obj for obj in objects if isinstance(obj, cls)), cls)
+        missing += [
+            f"aiohttp {aiohttp.__version__} has no {cls.__name__}.{name}, which {__name__} relies on: use "
+            f"aiohttp{AIOHTTP_TESTED} (setup.cfg's pin, the range it was tested with); the pin must stay "
+            f"below {aiohttp.__version__} until {__name__} is adapted"
+            for name in names
+            if not hasattr(where, name)
+        ]
+    return missing
 
 
 @dataclass(frozen=True)
@@ -195,6 +240,9 @@ class GatewayRunner(web.AppRunner):
         server = await super()._make_server()
         server.__class__ = JsonErrorServer  # same state, our request handler per connection
         server.limits = self.limits
+        missing = missing_aiohttp_internals(server, self)  # the handler's are slots: on its class
+        if missing:
+            raise RuntimeError("; ".join(missing))
         return server
 
 
