@@ -80,7 +80,7 @@ def missing_aiohttp_internals(*objects: object) -> list[str]:
     """What the installed aiohttp lacks of `AIOHTTP_INTERNALS`, one sentence each. Each name is
     looked up on the first of `objects` that is an instance of its class (attributes set in
     ``__init__``), else on the class (slots, methods)."""
-    missing = []
+    missing: list[str] = []
     for cls, names in AIOHTTP_INTERNALS:
         where = next((obj for obj in objects if isinstance(obj, cls)), cls)
         missing += [
