@@ -1,7 +1,8 @@
 """Run webhooks (docs/webhooks.md): a run's receipt is POSTed to its webhook when it ends, signed
 per Standard Webhooks (verified here with the spec's own library), retried until a receiver
-accepts it, delivered after a gateway is SIGKILLed between the run's end and the delivery, and
-never sent to a private or loopback address that ``allowed_hosts`` does not list.
+accepts it, delivered after a gateway is SIGKILLed between the run's end and the delivery, once
+by two instances polling one PostgreSQL outbox, and never sent to a private or loopback address
+that ``allowed_hosts`` does not list.
 
 Receivers are aiohttp servers on 127.0.0.1 (so the tests allow that address)."""
 
@@ -28,6 +29,7 @@ from standardwebhooks import Webhook
 from agent_gateway.config import Config
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from agent_gateway.webhooks import Refused, _Allowed, decode_secret, new_secret, resolve_checked, sign
+from tests._cluster import fresh_database, instances
 
 WAIT = 20.0
 SECRET = new_secret()
@@ -249,6 +251,58 @@ async def test_a_gateway_killed_before_the_delivery_delivers_after_restart_once(
     assert receiver.requests[0].headers["webhook-id"] == receiver.requests[1].headers["webhook-id"] == done["webhookId"]
     payload = verify(receiver.requests[1])
     assert payload == receipt and payload["status"] == "completed"
+
+
+# -- a cluster: several instances poll one outbox ---------------------------------------------------
+
+
+async def test_two_instances_on_one_postgresql_deliver_each_runs_webhook_once(
+    tmp_path: Path, fake_llm: FakeOpenAI, receiver: Receiver
+) -> None:
+    """Both instances poll the one outbox in PostgreSQL as fast as they may; runs created on
+    either are each delivered once, whichever instance claims the row, and every delivery is
+    visible from both instances."""
+    fake_llm.default = Reply(text="done")
+    extra = {
+        "AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url,
+        "AGENT_GATEWAY__CHAT_ONLY__MODEL": "m",
+        "AGENT_GATEWAY__WEBHOOKS__SECRET": SECRET,
+        "AGENT_GATEWAY__WEBHOOKS__ALLOWED_HOSTS": '["127.0.0.1"]',
+        "AGENT_GATEWAY__WEBHOOKS__POLL_SECONDS": "0.05",
+    }
+    runs = 8
+    with fresh_database() as database:
+        async with (
+            instances(tmp_path, database, 2, extra=extra) as gateways,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http,
+        ):
+            created: list[str] = []
+            for index in range(runs):
+                body = run_body(f"run {index}", workspaceId="default", webhook=receiver.url)
+                async with http.post(f"{gateways[index % 2].url}/v1/runs", json=body) as response:
+                    assert response.status == 201, await response.text()
+                    created.append((await response.json())["hostRunId"])
+            deliveries = []
+            for index, run_id in enumerate(created):
+
+                async def delivery(url: str = gateways[(index + 1) % 2].url, run_id: str = run_id) -> Any:
+                    async with http.get(f"{url}/v1/runs/{run_id}/webhook") as answer:
+                        assert answer.status == 200, await answer.text()
+                        return (await answer.json())["webhook"]
+
+                deliveries.append(await delivery_when(delivery, lambda d: d["state"] != "pending", timeout=WAIT * 2))
+            receipts = []
+            for run_id in created:
+                async with http.get(f"{gateways[0].url}/v1/runs/{run_id}") as answer:
+                    receipts.append(await answer.json())
+    assert [d["state"] for d in deliveries] == ["delivered"] * runs, deliveries
+    assert [d["attempts"] for d in deliveries] == [1] * runs
+    # One request per run: no row was claimed by both instances.
+    assert len(receiver.requests) == runs, [r.headers["webhook-id"] for r in receiver.requests]
+    by_id = {r.headers["webhook-id"]: verify(r) for r in receiver.requests}
+    assert set(by_id) == {d["webhookId"] for d in deliveries}
+    assert sorted(p["hostRunId"] for p in by_id.values()) == sorted(created)
+    assert sorted(by_id.values(), key=lambda p: p["hostRunId"]) == sorted(receipts, key=lambda p: p["hostRunId"])
 
 
 # -- the pieces, without a gateway ------------------------------------------------------------------
