@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from _harness import GatewayProcess, start_gateway_process
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 from conftest import MakeGateway, run_body, run_to_end
 from standardwebhooks import Webhook
 
@@ -33,6 +33,7 @@ from tests._cluster import fresh_database, instances
 
 WAIT = 20.0
 SECRET = new_secret()
+DOC = (Path(__file__).resolve().parent.parent / "docs" / "webhooks.md").read_text(encoding="utf-8")
 
 
 @dataclass
@@ -195,6 +196,37 @@ async def test_run_create_checks_the_webhook(make_gateway: MakeGateway) -> None:
     # A run without one has no delivery.
     run_id = (await run_to_end(client, run_body()))[0]["hostRunId"]
     assert await client_delivery(client, run_id) is None
+
+
+async def test_the_receiver_of_the_docs_verifies_a_real_delivery(
+    make_gateway: MakeGateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The receiver docs/webhooks.md shows, run as it is written (but for `web.run_app`): it
+    verifies a real delivery with the library and refuses a forged one."""
+    section = DOC.split("## A receiver that verifies the signature", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "web.run_app(app, port=8080)\n" in code
+    monkeypatch.setenv("GATEWAY_WEBHOOK_SECRET", SECRET)
+    namespace: dict[str, Any] = {"__name__": "receiver_of_the_docs"}
+    exec(compile(code.replace("web.run_app(app, port=8080)\n", ""), "docs/webhooks.md", "exec"), namespace)
+    server = TestServer(namespace["app"], host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("/hooks/agent-runs"))
+        client = await make_gateway({"webhooks": webhooks_config()})
+        run_id = (await run_to_end(client, run_body(webhook=url)))[0]["hostRunId"]
+        delivery = await delivery_when(lambda: client_delivery(client, run_id), lambda d: d["state"] != "pending")
+        assert delivery["state"] == "delivered" and delivery["lastStatus"] == 204, delivery
+        assert f"{run_id} completed None" in capsys.readouterr().out
+        assert namespace["seen"] == {delivery["webhookId"]}
+        # a body that is not what was signed: 401 from the receiver
+        async with aiohttp.ClientSession() as http:
+            headers = {"webhook-id": "msg_x", "webhook-timestamp": str(int(time.time()))}
+            headers["webhook-signature"] = sign([decode_secret(new_secret())], "msg_x", int(time.time()), b"{}")
+            async with http.post(url, data=b"{}", headers=headers) as forged:
+                assert forged.status == 401
+    finally:
+        await server.close()
 
 
 # -- a gateway process killed between the run's end and its delivery -------------------------------
