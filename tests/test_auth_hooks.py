@@ -396,6 +396,54 @@ async def test_jwt_actor_creates_runs_and_sees_only_its_own_sessions(make_gatewa
     assert (await client.get("/v1/agents", headers=bearer(alice))).status == 200
 
 
+async def test_jwt_claims_name_the_actor_its_roles_and_its_workspaces(
+    make_gateway: MakeGateway, jwks: Jwks, tmp_path: Path
+) -> None:
+    key = rsa_key()
+    jwks.keys = [public_jwk(key, "k1")]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    roles: list[tuple[str, ...]] = []
+
+    def note_roles(actor: Actor, _action: str, _resource: dict[str, Any]) -> bool:
+        roles.append(actor.roles)
+        return False  # deny nothing
+
+    policy = Policy(note_roles)
+    client = await make_gateway(
+        overrides={
+            **jwt_section(
+                jwks_url=jwks.url,
+                actor_claim="email",
+                roles_claim="realm_access.roles",
+                workspaces_claim="spaces",
+            ),
+            "workspaces": {"roots": {"ws-a": str(tmp_path / "a"), "ws-b": str(tmp_path / "b")}},
+        },
+        extra_plugins=(policy,),
+    )
+    ada = sign(
+        key,
+        "k1",
+        **claims("user-1", email="ada@example.test", realm_access={"roles": ["writer", "viewer"]}, spaces="ws-a"),
+    )
+    receipt = await created(client, ada, workspaceId="ws-a")
+    assert receipt["actorId"] == "ada@example.test"
+    [(actor_id, _, _)] = [q for q in policy.asked if q[1] == "runs:create"]
+    assert actor_id == "ada@example.test"
+    response = await client.post("/v1/runs", json=run_body(workspaceId="ws-b"), headers=bearer(ada))
+    assert response.status == 404 and (await response.json())["error"]["code"] == "workspace_not_found"
+    assert (await client.get("/v1/agents/chat-only", headers=bearer(ada))).status == 200
+    assert roles == [("writer", "viewer")] * len(roles) and roles
+    # configured but absent from a token: no workspace at all, rather than every one
+    bare = sign(key, "k1", **claims("user-2", email="bob@example.test"))
+    response = await client.post("/v1/runs", json=run_body(workspaceId="ws-a"), headers=bearer(bare))
+    assert response.status == 404
+    # a token without the actor claim is refused, naming it
+    response = await client.get("/v1/agents", headers=bearer(sign(key, "k1", **claims("user-3"))))
+    assert response.status == 401 and "'email'" in (await response.json())["error"]["message"]
+
+
 async def test_jwt_refusals_say_why(make_gateway: MakeGateway, jwks: Jwks) -> None:
     key, stranger = rsa_key(), rsa_key()
     jwks.keys = [public_jwk(key, "k1")]
