@@ -706,6 +706,7 @@ async def test_a_denying_authorize_refuses_every_kind_of_resource(
         ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/events")),
         ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/stream")),
         ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/receipts")),
+        ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/webhook")),
         ("runs", "runs:cancel", lambda: http("POST", f"/v1/runs/{run_id}/cancel")),
         ("runs", "runs:permission", lambda: http("POST", f"/v1/runs/{run_id}/permissions/p1", {"optionId": "x"})),
         ("sessions", "sessions:read", lambda: http("GET", "/v1/sessions")),
