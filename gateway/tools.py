@@ -478,8 +478,14 @@ class ToolFacade:
             if not self._enabled(tool, scope):
                 off = ", ".join(sorted(set(tool.capability_ids) & scope.disabled_capabilities))
                 raise ToolError("capability_disabled", f"{tool.name} needs capability {off}, disabled for this run")
-            if self.authorize is not None and not await self.authorize(call):
-                raise ToolError("forbidden", f"actor {scope.actor_id[:80]!r} may not tools:call {tool.name}")
+            if self.authorize is not None:
+                try:
+                    allowed = await self.authorize(call)
+                except Exception as exc:  # a broken policy plugin fails closed, as a veto does
+                    log.exception("authorize raised for tools:call %s", name)
+                    raise ToolError("forbidden", f"an authorize hook failed ({type(exc).__name__}); refused") from exc
+                if not allowed:
+                    raise ToolError("forbidden", f"actor {scope.actor_id[:80]!r} may not tools:call {tool.name}")
             if not isinstance(arguments, dict):
                 raise ToolError("invalid_arguments", f"arguments must be an object, got {_type_name(arguments)}")
             validate_schema(arguments, tool.input_schema)

@@ -788,15 +788,27 @@ async def test_a_denying_authorize_refuses_every_kind_of_resource(
 async def test_tool_calls_are_asked_with_the_claims_the_actor_created_its_run_with(
     make_gateway: MakeGateway, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    keys = ApiKeys({"key-ada": Actor("ada", {"roles": ["no-tools"]}), "key-bob": Actor("bob", {"roles": ["writer"]})})
-    policy = Policy(lambda actor, action, _r: action == "tools:call" and "no-tools" in actor.roles)
+    keys = ApiKeys(
+        {
+            "key-ada": Actor("ada", {"roles": ["no-tools"]}),
+            "key-bob": Actor("bob", {"roles": ["writer"]}),
+            "key-eve": Actor("eve", {"roles": ["breaks-the-policy"]}),
+        }
+    )
+
+    def deny(actor: Actor, action: str, _resource: dict[str, Any]) -> bool:
+        if action == "tools:call" and "breaks-the-policy" in actor.roles:
+            raise RuntimeError("the policy service is down")
+        return action == "tools:call" and "no-tools" in actor.roles
+
+    policy = Policy(deny)
     client = await make_gateway(extra_plugins=(keys, policy))
     gateway = gateway_of(client)
     chat = gateway.runtimes["chat-only"]
     described = chat.describe
     monkeypatch.setattr(chat, "describe", lambda: {**described(), "toolAccess": True})
     answers: dict[str, str] = {}
-    for key in ("key-ada", "key-bob"):
+    for key in ("key-ada", "key-bob", "key-eve"):
         fake_llm.add(Reply(hang=True))
         seen = len(fake_llm.requests)
         receipt = await created(client, key, message="hold on")
@@ -811,3 +823,4 @@ async def test_tool_calls_are_asked_with_the_claims_the_actor_created_its_run_wi
         await gateway.runs.wait(run.host_run_id)
     assert answers["ada"] == "forbidden"
     assert answers["bob"] == "ok"
+    assert answers["eve"] == "forbidden"  # a policy that raises fails closed
