@@ -1,8 +1,8 @@
 """Run webhooks (docs/webhooks.md): a run's receipt is POSTed to its webhook when it ends, signed
 per Standard Webhooks (verified here with the spec's own library), retried until a receiver
-accepts it, delivered after a gateway is SIGKILLed between the run's end and the delivery, once
-by two instances polling one PostgreSQL outbox, and never sent to a private or loopback address
-that ``allowed_hosts`` does not list.
+accepts it, sent after a gateway is SIGKILLed between the run's end and the delivery (owed, or in
+flight), once by two instances polling one PostgreSQL outbox, and never sent to a private or
+loopback address that ``allowed_hosts`` does not list.
 
 Receivers are aiohttp servers on 127.0.0.1 (so the tests allow that address)."""
 
@@ -29,7 +29,7 @@ from standardwebhooks import Webhook
 from agent_gateway.config import Config
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from agent_gateway.webhooks import Refused, _Allowed, decode_secret, new_secret, resolve_checked, sign
-from tests._cluster import fresh_database, instances
+from tests._cluster import free_port, fresh_database, instances
 
 WAIT = 20.0
 SECRET = new_secret()
@@ -282,6 +282,66 @@ async def test_a_gateway_killed_before_the_delivery_delivers_after_restart_once(
     assert len(receiver.requests) == 2, [r.answered for r in receiver.requests]
     assert receiver.requests[0].headers["webhook-id"] == receiver.requests[1].headers["webhook-id"] == done["webhookId"]
     payload = verify(receiver.requests[1])
+    assert payload == receipt and payload["status"] == "completed"
+
+
+async def test_a_gateway_killed_while_a_delivery_is_owed_sends_it_once_after_restart(
+    tmp_path: Path, fake_llm: FakeOpenAI, gateways: list[GatewayProcess]
+) -> None:
+    """The run ended, its receiver was not up yet (connection refused, a retry due), and the
+    gateway is SIGKILLed: the gateway started again on the same data sends the receipt, once."""
+    fake_llm.default = Reply(text="done")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/hook"
+    env = {
+        "AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url,
+        "AGENT_GATEWAY__CHAT_ONLY__MODEL": "m",
+        "AGENT_GATEWAY__WEBHOOKS__SECRET": SECRET,
+        "AGENT_GATEWAY__WEBHOOKS__ALLOWED_HOSTS": '["127.0.0.1"]',
+        "AGENT_GATEWAY__WEBHOOKS__BACKOFF_SECONDS": "0.2",
+        "AGENT_GATEWAY__WEBHOOKS__MAX_BACKOFF_SECONDS": "0.5",
+        "AGENT_GATEWAY__WEBHOOKS__POLL_SECONDS": "0.2",
+        # a claim a killed attempt leaves lapses this long after it (plus a margin)
+        "AGENT_GATEWAY__WEBHOOKS__TIMEOUT_SECONDS": "2.0",
+    }
+    data_dir = tmp_path / "data"
+    first = await start_gateway_process(data_dir, tmp_path / "gateway-0.log", env=env)
+    gateways.append(first)
+    receiver = Receiver()
+    app = web.Application()
+    app.router.add_post("/hook", receiver.handle)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+
+            def delivery_on(gateway: GatewayProcess) -> Callable[[], Any]:
+                async def delivery() -> dict[str, Any] | None:
+                    answer = await http.get(f"{gateway.url}/v1/runs/{run_id}/webhook")
+                    assert answer.status == 200, await answer.text()
+                    return (await answer.json())["webhook"]  # type: ignore[no-any-return]
+
+                return delivery
+
+            response = await http.post(f"{first.url}/v1/runs", json=run_body("go", webhook=url))
+            assert response.status == 201, await response.text()
+            run_id = (await response.json())["hostRunId"]
+            owed = await delivery_when(delivery_on(first), lambda d: d["attempts"] >= 1)
+            assert owed["state"] == "pending" and owed["lastStatus"] is None and owed["lastError"], owed
+            first.kill()
+            assert await first.wait() == -signal.SIGKILL
+            await web.TCPSite(runner, "127.0.0.1", port).start()  # the receiver is up now
+            second = await start_gateway_process(data_dir, tmp_path / "gateway-1.log", env=env)
+            gateways.append(second)
+            done = await delivery_when(delivery_on(second), lambda d: d["state"] == "delivered", timeout=WAIT * 2)
+            receipt = await (await http.get(f"{second.url}/v1/runs/{run_id}")).json()
+            await second.stop()
+    finally:
+        await runner.cleanup()
+    assert len(receiver.requests) == 1, [r.answered for r in receiver.requests]
+    assert receiver.requests[0].headers["webhook-id"] == done["webhookId"]
+    assert done["attempts"] > owed["attempts"] and done["lastStatus"] == 200
+    payload = verify(receiver.requests[0])
     assert payload == receipt and payload["status"] == "completed"
 
 
