@@ -28,7 +28,15 @@ from standardwebhooks import Webhook
 
 from agent_gateway.config import Config
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from agent_gateway.webhooks import Refused, _Allowed, decode_secret, new_secret, resolve_checked, sign
+from agent_gateway.webhooks import (
+    Refused,
+    _Allowed,
+    decode_secret,
+    new_secret,
+    resolve_checked,
+    retry_delay,
+    sign,
+)
 from tests._cluster import free_port, fresh_database, instances
 
 WAIT = 20.0
@@ -143,6 +151,28 @@ async def test_a_receiver_failing_twice_gets_the_signed_receipt_on_the_third_att
         verify(forged)
     with pytest.raises(Exception, match=r"(?i)signature"):
         Webhook(new_secret()).verify(receiver.requests[-1].body, receiver.requests[-1].headers)
+
+
+async def test_a_receiver_that_never_accepts_ends_failed_once_the_retry_window_is_over(
+    make_gateway: MakeGateway, receiver: Receiver
+) -> None:
+    receiver.answers = [503] * 1000
+    client = await make_gateway({"webhooks": webhooks_config(retry_for_seconds=0.5)})
+    run_id = (await run_to_end(client, run_body(webhook=receiver.url)))[0]["hostRunId"]
+    delivery = await delivery_when(lambda: client_delivery(client, run_id), lambda d: d["state"] != "pending")
+    assert delivery["state"] == "failed", delivery
+    assert delivery["attempts"] == len(receiver.requests) >= 2  # retried, then given up
+    assert delivery["lastStatus"] == 503 and "503" in delivery["lastError"]
+    assert delivery["nextAttemptAt"] is None and delivery["deliveredAt"] is None
+
+
+def test_retries_back_off_exponentially_with_jitter() -> None:
+    lowest = [retry_delay(n, 1.0, 30.0, uniform=lambda low, _high: low) for n in range(1, 8)]
+    highest = [retry_delay(n, 1.0, 30.0, uniform=lambda _low, high: high) for n in range(1, 8)]
+    assert highest == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]  # doubled per attempt, capped
+    assert lowest == [h / 2 for h in highest]  # the random factor is between 0.5 and 1
+    draws = {retry_delay(3, 1.0, 30.0) for _ in range(50)}
+    assert all(2.0 <= d <= 4.0 for d in draws) and len(draws) > 1  # jittered, within its bounds
 
 
 async def test_defaults_per_actor_and_agent_and_a_run_without_any(
