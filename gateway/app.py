@@ -144,6 +144,8 @@ class Gateway:
             workspace_roots=config.workspace_roots,
             workspace_access=self.workspace_access,
         )
+        if self.auth.authorizing:
+            self.tools.authorize = self.auth.tool_call_allowed
         self.stream_stats = StreamStats()
         # What runtimes may use through `turn.services` (no runtime imports the app).
         self.services: dict[str, Any] = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import inspect
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,12 +29,15 @@ if TYPE_CHECKING:
     from agent_gateway.config import Config
     from agent_gateway.models import Run
     from agent_gateway.plugin_host import PluginHost
+    from agent_gateway.tools import ToolCall
 
 LOCAL_ACTOR = "local"
 # Where the middleware keeps the caller: the Actor, and its id (what routes read).
 IDENTITY = "identity"
 ACTOR_ID = "actor"
 FORBIDDEN = "forbidden"
+# Actors (with their claims) that created runs lately, for ``tools:call``: at most this many.
+REMEMBERED_ACTORS = 4096
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,9 @@ class Auth:
             for actor_id in config.tokens.values()
         }
         self.tokens = config.tokens
+        # The actor of each recent run creation, as its authenticator found it (claims and all):
+        # who a tool call of its run is asked about. Bounded; in this process only.
+        self._creators: OrderedDict[str, Actor] = OrderedDict()
 
     # -- authentication -------------------------------------------------------------------------
     def static_token_actor(self, request: web.Request) -> Actor | None:
@@ -176,6 +183,7 @@ class Auth:
             if workspaces is not None and workspace_id not in workspaces:
                 raise workspace_not_found(workspace_id)  # as [workspaces] owners refuses one
             if self.authorizing:
+                self._remember(actor)
                 resource = {
                     "type": "run",
                     "agentId": run_request["agentId"],
@@ -185,6 +193,35 @@ class Auth:
                 await self.authorize(request, "runs:create", resource)
 
         return check
+
+    def _remember(self, actor: Actor) -> None:
+        self._creators[actor.id] = actor
+        self._creators.move_to_end(actor.id)
+        while len(self._creators) > REMEMBERED_ACTORS:
+            self._creators.popitem(last=False)
+
+    def actor_of(self, actor_id: str) -> Actor:
+        """The Actor behind ``actor_id`` as this gateway last authenticated it creating a run;
+        with only its id when it did not (a restart since, a run created through another instance)."""
+        known = self._creators.get(actor_id) or self._token_actors.get(actor_id)
+        if known is not None:
+            return known
+        return self.local if actor_id == LOCAL_ACTOR and not self.required else Actor(actor_id)
+
+    async def tool_call_allowed(self, call: ToolCall) -> bool:
+        """``authorize(<the run's actor>, "tools:call", {"type": "tool", ...})`` for one tool call
+        of the facade (the MCP surface and the ACP file methods alike)."""
+        run = call.scope.run
+        resource = {
+            "type": "tool",
+            "id": call.name,
+            "caller": call.caller,
+            "runId": run.host_run_id,
+            "agentId": run.agent_id,
+            "sessionId": run.session_id,
+            "workspaceId": run.workspace_id,
+        }
+        return await self.allowed(self.actor_of(run.actor_id), "tools:call", resource)
 
     @staticmethod
     def may_use_workspace(request: web.Request, workspace_id: str) -> bool:

@@ -1,7 +1,8 @@
 """The tool facade: the one way every tool call goes, whoever makes it.
 
-    argument validation → path normalisation → allowed-roots check → version check → veto hooks
-    → handler → diff summary → receipt in storage → ``tool_call_completed`` hooks
+    ``tools:call`` authorization (with an ``authorize`` plugin) → argument validation → path
+    normalisation → allowed-roots check → version check → veto hooks → handler → diff summary
+    → receipt in storage → ``tool_call_completed`` hooks
 
 and, on the run's journal, one ``tool.started`` and one ``tool.completed`` event per call. A
 refused or failed call still gets a receipt (``allowed: false`` with the reason) and a
@@ -68,6 +69,7 @@ ERROR_CODES = (
     "stale_version",
     "already_exists",
     "vetoed",
+    "forbidden",
     "not_text",
     "too_large",
     "patch_failed",
@@ -425,6 +427,9 @@ class ToolFacade:
         self.write_observers: list[WriteObserver] = []
         # Re-resolved on the server when each run starts, whatever a client cached.
         self.disabled_by_run: dict[str, frozenset[str]] = {}
+        # Set by the gateway when a plugin implements ``authorize``: asked ``tools:call`` for the
+        # run's actor before each call (False refuses it with ``forbidden``).
+        self.authorize: Callable[[ToolCall], Awaitable[bool]] | None = None
         for tool in tools:
             if not isinstance(tool, Tool):
                 raise TypeError(f"register_tools: expected a gateway.tools.Tool, got {type(tool).__name__}")
@@ -473,6 +478,14 @@ class ToolFacade:
             if not self._enabled(tool, scope):
                 off = ", ".join(sorted(set(tool.capability_ids) & scope.disabled_capabilities))
                 raise ToolError("capability_disabled", f"{tool.name} needs capability {off}, disabled for this run")
+            if self.authorize is not None:
+                try:
+                    allowed = await self.authorize(call)
+                except Exception as exc:  # a broken policy plugin fails closed, as a veto does
+                    log.exception("authorize raised for tools:call %s", name)
+                    raise ToolError("forbidden", f"an authorize hook failed ({type(exc).__name__}); refused") from exc
+                if not allowed:
+                    raise ToolError("forbidden", f"actor {scope.actor_id[:80]!r} may not tools:call {tool.name}")
             if not isinstance(arguments, dict):
                 raise ToolError("invalid_arguments", f"arguments must be an object, got {_type_name(arguments)}")
             validate_schema(arguments, tool.input_schema)

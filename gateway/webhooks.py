@@ -333,7 +333,7 @@ class Webhooks:
             log.warning("webhook %s of run %s refused: %s", row["id"], row["host_run_id"], error)
         else:
             self.failed_attempts += 1
-            delay = min(self.max_backoff, self.backoff * 2 ** (attempts - 1)) * random.uniform(0.5, 1.0)
+            delay = retry_delay(attempts, self.backoff, self.max_backoff)
             next_at = now_ms() + int(delay * 1000)
             if next_at - first > self.retry_for_ms:
                 fields["state"] = "failed"
@@ -369,6 +369,15 @@ class Webhooks:
         ):
             await response.read()
             return response.status
+
+
+def retry_delay(
+    attempts: int, backoff: float, max_backoff: float, uniform: Callable[[float, float], float] = random.uniform
+) -> float:
+    """Seconds to wait after failed attempt number ``attempts`` (1 for the first): exponential
+    backoff (``backoff``, doubled per attempt, capped at ``max_backoff``) times a random factor
+    between 0.5 and 1 (jitter, so receivers that come back are not hit by every sender at once)."""
+    return min(max_backoff, backoff * 2 ** (attempts - 1)) * uniform(0.5, 1.0)
 
 
 def new_secret() -> str:

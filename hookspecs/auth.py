@@ -57,14 +57,15 @@ def authorize(actor: Actor, action: str, resource: dict[str, Any]) -> bool | Awa
 
     ``action`` is one of ``runs:create``, ``runs:read``, ``runs:cancel``, ``runs:permission``,
     ``sessions:read``, ``sessions:write``, ``sessions:delete``, ``workspaces:read``,
-    ``agents:read``, ``preferences:read``, ``preferences:write``, ``metrics:read`` or
-    ``routes:call`` (a plugin route: the OpenAI-compatible and AG-UI endpoints among them).
-    ``resource`` is a dict with a ``type`` (``run``, ``session``, ``workspace``, ``agent``,
-    ``preferences``, ``metrics``, ``route``) and what the gateway knows of it (ids, the run's
-    ``agentId``/``sessionId``/``workspaceId``, a route's ``method``/``path``/``params``); see
-    docs/auth.md for the full table.
+    ``agents:read``, ``tools:call``, ``preferences:read``, ``preferences:write``,
+    ``metrics:read`` or ``routes:call`` (a plugin route: the OpenAI-compatible and AG-UI endpoints
+    among them). ``resource`` is a dict with a ``type`` (``run``, ``session``, ``workspace``,
+    ``agent``, ``tool``, ``preferences``, ``metrics``, ``route``) and what the gateway knows of it
+    (ids, the run's ``agentId``/``sessionId``/``workspaceId``, a route's
+    ``method``/``path``/``params``); see docs/auth.md for the full table.
 
     All implementations are called; any False denies (403 ``forbidden``), and with no False
     the action is allowed. With no implementation at all the gateway skips the call. Tool calls
-    agents make over MCP carry a lease of their run, authorized at ``runs:create``.
+    agents make (over MCP, with a lease of their run, or ACP file methods) are asked
+    ``tools:call`` for the run's actor; a denied call fails with the tool error ``forbidden``.
     """

@@ -27,9 +27,13 @@ from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from agent_gateway import Actor, bearer_token, hookimpl
+from agent_gateway import Actor, PluginRoutes, bearer_token, hookimpl
 from agent_gateway.config import Config, section_specs_from_hook
+from agent_gateway.mcp import MCP_PATH
+from agent_gateway.mcp.wiring import run_lease
 from agent_gateway.plugin_host import PluginError, PluginHost
+from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from agent_gateway.tools import ToolError
 
 ISSUER = "https://login.example.test/"
 AUDIENCE = "agent-gateway"
@@ -392,6 +396,54 @@ async def test_jwt_actor_creates_runs_and_sees_only_its_own_sessions(make_gatewa
     assert (await client.get("/v1/agents", headers=bearer(alice))).status == 200
 
 
+async def test_jwt_claims_name_the_actor_its_roles_and_its_workspaces(
+    make_gateway: MakeGateway, jwks: Jwks, tmp_path: Path
+) -> None:
+    key = rsa_key()
+    jwks.keys = [public_jwk(key, "k1")]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    roles: list[tuple[str, ...]] = []
+
+    def note_roles(actor: Actor, _action: str, _resource: dict[str, Any]) -> bool:
+        roles.append(actor.roles)
+        return False  # deny nothing
+
+    policy = Policy(note_roles)
+    client = await make_gateway(
+        overrides={
+            **jwt_section(
+                jwks_url=jwks.url,
+                actor_claim="email",
+                roles_claim="realm_access.roles",
+                workspaces_claim="spaces",
+            ),
+            "workspaces": {"roots": {"ws-a": str(tmp_path / "a"), "ws-b": str(tmp_path / "b")}},
+        },
+        extra_plugins=(policy,),
+    )
+    ada = sign(
+        key,
+        "k1",
+        **claims("user-1", email="ada@example.test", realm_access={"roles": ["writer", "viewer"]}, spaces="ws-a"),
+    )
+    receipt = await created(client, ada, workspaceId="ws-a")
+    assert receipt["actorId"] == "ada@example.test"
+    [(actor_id, _, _)] = [q for q in policy.asked if q[1] == "runs:create"]
+    assert actor_id == "ada@example.test"
+    response = await client.post("/v1/runs", json=run_body(workspaceId="ws-b"), headers=bearer(ada))
+    assert response.status == 404 and (await response.json())["error"]["code"] == "workspace_not_found"
+    assert (await client.get("/v1/agents/chat-only", headers=bearer(ada))).status == 200
+    assert roles == [("writer", "viewer")] * len(roles) and roles
+    # configured but absent from a token: no workspace at all, rather than every one
+    bare = sign(key, "k1", **claims("user-2", email="bob@example.test"))
+    response = await client.post("/v1/runs", json=run_body(workspaceId="ws-a"), headers=bearer(bare))
+    assert response.status == 404
+    # a token without the actor claim is refused, naming it
+    response = await client.get("/v1/agents", headers=bearer(sign(key, "k1", **claims("user-3"))))
+    assert response.status == 401 and "'email'" in (await response.json())["error"]["message"]
+
+
 async def test_jwt_refusals_say_why(make_gateway: MakeGateway, jwks: Jwks) -> None:
     key, stranger = rsa_key(), rsa_key()
     jwks.keys = [public_jwk(key, "k1")]
@@ -571,3 +623,204 @@ async def test_the_api_key_example_from_the_docs(make_gateway: MakeGateway, tmp_
     )
     assert (await created(both, ALICE_TOKEN))["actorId"] == "alice"
     assert (await created(both, "ak_ada_0123456789"))["actorId"] == "ada"
+
+
+# -- every resource kind, denied one at a time -----------------------------------------------------------
+
+
+async def test_a_denying_authorize_refuses_every_kind_of_resource(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One row per kind the gateway serves (runs, sessions, workspaces, agents, tools,
+    preferences, metrics, a plugin route, the OpenAI-compatible and AG-UI endpoints): with the
+    one action of the row denied, that request is refused, and the same request is served once
+    the policy allows it again."""
+
+    class Hello:
+        @hookimpl
+        def register_routes(self, routes: PluginRoutes) -> None:
+            async def hello(request: web.Request) -> web.Response:
+                return web.json_response({"actor": routes.actor(request)})
+
+            routes.add("GET", "/v1/hello", hello, openapi={"summary": "Say hello", "responses": {}})
+
+    denied: set[str] = set()
+    policy = Policy(lambda _actor, action, _resource: action in denied)
+    client = await make_gateway(
+        overrides={"workspaces": {"roots": {"ws": str(tmp_path)}}},
+        tokens={ALICE_TOKEN: "alice"},
+        extra_plugins=(policy, Hello()),
+    )
+    gateway = gateway_of(client)
+    # chat-only stands in for an agent that calls tools (a tool-less agent's runs have every tool
+    # capability off); set before the first run, which reads the agents' descriptions once
+    chat = gateway.runtimes["chat-only"]
+    described = chat.describe
+    monkeypatch.setattr(chat, "describe", lambda: {**described(), "toolAccess": True})
+    auth = bearer(ALICE_TOKEN)
+    receipt = await created(client, ALICE_TOKEN, workspaceId="ws")
+    run_id, session_id = receipt["hostRunId"], receipt["sessionId"]
+    await gateway.runs.wait(run_id)
+    workspace = receipt["workspaceId"]
+
+    def sdk() -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=str(client.make_url("/v1")), api_key=ALICE_TOKEN, max_retries=0, timeout=WAIT
+        )
+
+    async def http(method: str, path: str, body: Any = None) -> int:
+        async with asyncio.timeout(WAIT):
+            response = await client.request(method, path, json=body, headers=auth)
+            if response.status == 403:
+                assert (await response.json())["error"]["code"] == "forbidden"
+            response.close()  # a stream that was allowed is not read to its end
+        return response.status
+
+    async def openai_chat() -> int:
+        async with sdk() as api:
+            try:
+                await api.chat.completions.create(model="chat-only", messages=[{"role": "user", "content": "hi"}])
+            except openai.PermissionDeniedError as denial:
+                return denial.status_code
+        return 200
+
+    async def openai_responses() -> int:
+        async with sdk() as api:
+            try:
+                await api.responses.create(model="chat-only", input="hi")
+            except openai.PermissionDeniedError as denial:
+                return denial.status_code
+        return 200
+
+    async def openai_models() -> int:
+        async with sdk() as api:
+            try:
+                await api.models.list()
+            except openai.PermissionDeniedError as denial:
+                return denial.status_code
+        return 200
+
+    rows: list[tuple[str, str, Callable[[], Awaitable[int]]]] = [
+        ("runs", "runs:create", lambda: http("POST", "/v1/runs", run_body())),
+        ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}")),
+        ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/events")),
+        ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/stream")),
+        ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/receipts")),
+        ("runs", "runs:read", lambda: http("GET", f"/v1/runs/{run_id}/webhook")),
+        ("runs", "runs:cancel", lambda: http("POST", f"/v1/runs/{run_id}/cancel")),
+        ("runs", "runs:permission", lambda: http("POST", f"/v1/runs/{run_id}/permissions/p1", {"optionId": "x"})),
+        ("sessions", "sessions:read", lambda: http("GET", "/v1/sessions")),
+        ("sessions", "sessions:read", lambda: http("GET", f"/v1/sessions/{session_id}")),
+        ("sessions", "sessions:read", lambda: http("GET", f"/v1/sessions/{session_id}/export")),
+        ("sessions", "sessions:read", lambda: http("GET", f"/v1/sessions/{session_id}/active-run")),
+        ("sessions", "sessions:write", lambda: http("PATCH", f"/v1/sessions/{session_id}", {"pinned": True})),
+        ("sessions", "sessions:delete", lambda: http("DELETE", f"/v1/sessions/{session_id}/agent-session")),
+        ("workspaces", "workspaces:read", lambda: http("GET", f"/v1/workspaces/{workspace}/events")),
+        ("agents", "agents:read", lambda: http("GET", "/v1/agents/chat-only")),
+        ("preferences", "preferences:read", lambda: http("GET", "/v1/preferences")),
+        ("preferences", "preferences:write", lambda: http("PUT", "/v1/preferences", {"values": {}})),
+        ("metrics", "metrics:read", lambda: http("GET", "/metrics")),
+        ("plugin routes", "routes:call", lambda: http("GET", "/v1/hello")),
+        ("OpenAI-compatible", "routes:call", openai_models),
+        ("OpenAI-compatible", "routes:call", openai_chat),
+        ("OpenAI-compatible", "runs:create", openai_chat),
+        ("OpenAI-compatible", "runs:create", openai_responses),
+        ("AG-UI", "routes:call", lambda: http("POST", "/v1/ag-ui/chat-only", agui_input())),
+        ("AG-UI", "runs:create", lambda: http("POST", "/v1/ag-ui/chat-only", agui_input())),
+        ("AG-UI", "routes:call", lambda: http("GET", f"/v1/ag-ui/runs/{run_id}/stream")),
+    ]
+    for kind, action, request in rows:
+        denied.clear()
+        denied.add(action)
+        assert await request() == 403, (kind, action)
+        denied.clear()
+        assert await request() != 403, (kind, action)
+    # The sessions' delete last: allowed, it deletes.
+    denied.add("sessions:delete")
+    assert await http("DELETE", f"/v1/sessions/{session_id}") == 403
+    assert await http("POST", "/v1/sessions:delete", {"sessionIds": [session_id]}) == 403
+    denied.clear()
+    assert await http("DELETE", f"/v1/sessions/{session_id}") in (200, 204)
+
+    # Tools: an agent's call over MCP (with its run's lease) is asked tools:call for the run's
+    # actor; denied, the call fails with `forbidden` and its receipt says so.
+    fake_llm.add(Reply(hang=True))
+    seen = len(fake_llm.requests)
+    holding = await created(client, ALICE_TOKEN, message="hold on", workspaceId="ws")
+    await fake_llm.wait_for_requests(seen + 1, timeout=WAIT)  # the run is in its model call
+    run = next(r for r in gateway.runs.active_runs() if r.host_run_id == holding["hostRunId"])
+    lease = {"Authorization": f"Bearer {run_lease(gateway, run)}"}
+
+    async def tool_call() -> dict[str, Any]:
+        message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        message["params"] = {"name": "workspace.describe_roots", "arguments": {}}
+        async with asyncio.timeout(WAIT):
+            response = await client.post(MCP_PATH, json=message, headers=lease)
+            assert response.status == 200, await response.text()
+            result: dict[str, Any] = (await response.json())["result"]
+        return result
+
+    policy.asked.clear()
+    denied.add("tools:call")
+    result = await tool_call()
+    assert result["isError"] is True and result["content"][0]["text"].startswith("forbidden"), result
+    [(actor_id, _action, resource)] = [q for q in policy.asked if q[1] == "tools:call"]
+    assert actor_id == "alice"
+    assert resource == {
+        "type": "tool",
+        "id": "workspace.describe_roots",
+        "caller": "mcp",
+        "runId": run.host_run_id,
+        "agentId": "chat-only",
+        "sessionId": run.session_id,
+        "workspaceId": run.workspace_id,
+    }
+    denied.clear()
+    allowed = await tool_call()
+    assert allowed["isError"] is False, allowed
+    assert (await client.post(f"/v1/runs/{run.host_run_id}/cancel", headers=auth)).status in (200, 202)
+    await gateway.runs.wait(run.host_run_id)
+    receipts = await (await client.get(f"/v1/runs/{run.host_run_id}/receipts", headers=auth)).json()
+    codes = [r.get("errorCode") for r in receipts["receipts"]]
+    assert codes == ["forbidden", None], receipts
+
+
+async def test_tool_calls_are_asked_with_the_claims_the_actor_created_its_run_with(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = ApiKeys(
+        {
+            "key-ada": Actor("ada", {"roles": ["no-tools"]}),
+            "key-bob": Actor("bob", {"roles": ["writer"]}),
+            "key-eve": Actor("eve", {"roles": ["breaks-the-policy"]}),
+        }
+    )
+
+    def deny(actor: Actor, action: str, _resource: dict[str, Any]) -> bool:
+        if action == "tools:call" and "breaks-the-policy" in actor.roles:
+            raise RuntimeError("the policy service is down")
+        return action == "tools:call" and "no-tools" in actor.roles
+
+    policy = Policy(deny)
+    client = await make_gateway(extra_plugins=(keys, policy))
+    gateway = gateway_of(client)
+    chat = gateway.runtimes["chat-only"]
+    described = chat.describe
+    monkeypatch.setattr(chat, "describe", lambda: {**described(), "toolAccess": True})
+    answers: dict[str, str] = {}
+    for key in ("key-ada", "key-bob", "key-eve"):
+        fake_llm.add(Reply(hang=True))
+        seen = len(fake_llm.requests)
+        receipt = await created(client, key, message="hold on")
+        await fake_llm.wait_for_requests(seen + 1, timeout=WAIT)
+        run = next(r for r in gateway.runs.active_runs() if r.host_run_id == receipt["hostRunId"])
+        try:
+            await gateway.tools.call("workspace.describe_roots", {}, gateway.tools.scope_for(run))
+            answers[run.actor_id] = "ok"
+        except ToolError as error:
+            answers[run.actor_id] = error.code
+        assert (await client.post(f"/v1/runs/{run.host_run_id}/cancel", headers=bearer(key))).status in (200, 202)
+        await gateway.runs.wait(run.host_run_id)
+    assert answers["ada"] == "forbidden"
+    assert answers["bob"] == "ok"
+    assert answers["eve"] == "forbidden"  # a policy that raises fails closed

@@ -25,6 +25,7 @@ from agent_gateway import Turn, TurnOutcome, hookimpl
 from agent_gateway.runtime import RuntimePolicy
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import FAKE_ACP_AGENT, GatewayProcess, start_gateway_process
+from tests.test_auth_hooks import AUDIENCE, ISSUER, claims, public_pem, rsa_key, sign
 
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 30_000
@@ -314,6 +315,35 @@ async def test_a_gateway_with_tokens_prompts_for_one(
     await page.reload()  # the token is kept for the tab (sessionStorage): no second prompt
     await expect(page.locator("body[data-ready=true]")).to_have_count(1)
     await expect(dialog).to_be_hidden()
+
+
+async def test_the_console_takes_a_jwt_bearer(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any, tmp_path: Path
+) -> None:
+    """[auth_jwt] with the public key of a key made here: the console's token prompt takes a JWT
+    (what an application's login hands its user), and a token of another issuer is refused."""
+    key = rsa_key()
+    (tmp_path / "public.pem").write_bytes(public_pem(key))
+    toml = (
+        f'[auth_jwt]\nenabled = true\nissuer = "{ISSUER}"\naudience = "{AUDIENCE}"\n'
+        f'key_file = "{tmp_path / "public.pem"}"\nalgorithms = ["RS256"]\n'
+    )
+    gateway = await start_gateway(fake_llm.base_url, toml=toml)
+    token = sign(key, None, **claims("ada"))
+    page = await browser.new_page()
+    page.set_default_timeout(WAIT_MS)
+    await page.goto(gateway.url + "/")
+    await expect(page.locator("#token-dialog")).to_be_visible()
+    await page.fill("#token", sign(key, None, **{**claims("ada"), "iss": "https://elsewhere.test/"}))
+    await page.click("#token-ok")
+    await expect(page.locator("#token-error")).to_have_text("That token was not accepted.")
+    await page.fill("#token", token)
+    await page.click("#token-ok")
+    await expect(page.locator("body[data-ready=true]")).to_have_count(1)
+    await send(page, "hello with a jwt")
+    await expect(page.locator(".bubble.assistant")).to_have_text("echo: hello with a jwt")
+    listed = await api(gateway.url, "GET", "/v1/sessions", token=token)
+    assert [s["title"] for s in listed["sessions"]] == ["hello with a jwt"]  # ada's own sessions
 
 
 class ShowcaseRuntime:

@@ -450,3 +450,36 @@ def test_the_configured_strategies_are_checked() -> None:
     assert "gateway.multitask_strategy" in wrong and "enqueue, reject, interrupt, rollback" in wrong
     (wrong,) = problems({"multitask_strategy_by_agent": {"chat-only": "never"}})
     assert "multitask_strategy_by_agent.chat-only" in wrong
+
+
+async def test_openapi_documents_the_strategies_on_every_endpoint_that_takes_one(make_gateway: MakeGateway) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    strategies = ["enqueue", "reject", "interrupt", "rollback"]
+
+    def body_schema(path: str) -> dict[str, Any]:
+        schema: dict[str, Any] = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        while "$ref" in schema:
+            schema = spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+        return schema
+
+    # POST /v1/runs: the body's field, its values, what each does, and the configured default
+    field = body_schema("/v1/runs")["properties"]["multitaskStrategy"]
+    assert field["enum"] == strategies
+    for words in ("409", "session_busy", "rollback_not_supported", "multitask_strategy_by_agent"):
+        assert words in field["description"], words
+    assert "409" in spec["paths"]["/v1/runs"]["post"]["responses"]
+    # the OpenAI-compatible endpoints: the header (with its values) or metadata.multitask_strategy
+    for path in ("/v1/chat/completions", "/v1/responses"):
+        operation = spec["paths"][path]["post"]
+        [header] = [p for p in operation["parameters"] if p["name"] == "X-Agent-Gateway-Multitask"]
+        assert header["in"] == "header" and header["schema"]["enum"] == strategies
+        assert "metadata.multitask_strategy" in header["description"]
+    # AG-UI: forwardedProps.agentGateway.multitaskStrategy, and the header named in the operation
+    operation = spec["paths"]["/v1/ag-ui/{agentId}"]["post"]
+    forwarded = body_schema("/v1/ag-ui/{agentId}")["properties"]["forwardedProps"]
+    gateway_props = forwarded["then"]["properties"]["agentGateway"]  # when forwardedProps is an object
+    while "$ref" in gateway_props:
+        gateway_props = spec["components"]["schemas"][gateway_props["$ref"].rsplit("/", 1)[1]]
+    assert [v for v in gateway_props["properties"]["multitaskStrategy"]["enum"] if v] == strategies
+    assert "X-Agent-Gateway-Multitask" in operation["description"]
