@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,7 @@ from agent_gateway.acp.client import (
     AcpTimeout,
 )
 from agent_gateway.acp.mapping import coalesce_updates, extract_text, map_update
+from agent_gateway.agent_sessions import NotDeclared
 from agent_gateway.capacity import ProcessCapacity, ProcessUse
 from agent_gateway.environment import agent_environment
 from agent_gateway.paths import allowed_roots_of
@@ -74,6 +76,8 @@ STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
 # joined: an agent this far ahead of the gateway (its updates waited in the pipe) has its backlog
 # merged, as a lagging client's stream is; one the gateway keeps up with gets one event per update.
 COALESCE_BACKLOG = 32
+# Deletes an agent session (offered when `initialize` declares sessionCapabilities.delete).
+ACP_DELETE_METHOD = "session/delete"
 ALLOW_KINDS = ("allow_once", "allow_always")
 
 
@@ -1078,10 +1082,63 @@ class AcpRuntime:
             raise AcpRequestError(-32603, "file access is not available outside a run")
         return files
 
+    # -- the agent-session delete protocol (agent_gateway.agent_sessions) -----------------------
+
+    def can_delete_agent_session(self) -> bool | None:
+        """Whether the agent's ``initialize`` answer declares ``sessionCapabilities.delete``; None
+        until a process of this agent has answered."""
+        return _declares_delete(self.initialize_result)
+
+    async def delete_agent_session(self, agent_session_id: str, state: dict[str, Any]) -> None:
+        """Delete ``agent_session_id`` with a short-lived process of this agent: an idle live
+        binding of that session is closed first (so no later turn prompts a deleted session), then
+        the process is started, initialized, sent ``session/delete`` and stopped. Raises
+        :class:`NotDeclared` when the agent does not declare it."""
+        if self.can_delete_agent_session() is False:
+            raise NotDeclared
+        for binding in list(self._bindings.values()):
+            if binding.agent_session_id == agent_session_id:
+                with contextlib.suppress(Exception):
+                    await self._close_binding(binding, "its agent session was deleted")
+        spec = self.spec
+        with contextlib.ExitStack() as stack:
+            if spec.process_dir is not None:
+                process_dir = spec.process_dir
+                process_dir.mkdir(parents=True, exist_ok=True)
+            else:
+                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"agw-{safe_name(self.agent_id)}-"))
+                process_dir = Path(scratch)
+            if spec.prepare is not None:
+                spec.prepare(process_dir)
+            process = AcpProcess(
+                spec.command,
+                env=agent_environment(spec.env, inherit=spec.inherit_env),
+                cwd=str(process_dir),
+                name=f"{spec.agent_id}-delete",
+            )
+            try:
+                await process.start()
+                result = await process.initialize(timeout=spec.initialize_timeout)
+                if self.initialize_result is None:
+                    self.initialize_result = result
+                if not _declares_delete(result):
+                    raise NotDeclared
+                await process.request(ACP_DELETE_METHOD, {"sessionId": agent_session_id}, spec.session_timeout)
+            finally:
+                await process.close()
+
     async def close(self) -> None:
         for binding in list(self._bindings.values()):
             with contextlib.suppress(Exception):
                 await self._close_binding(binding, "gateway shutdown")
+
+
+def _declares_delete(initialize_result: dict[str, Any] | None) -> bool | None:
+    if initialize_result is None:
+        return None
+    caps = initialize_result.get("agentCapabilities")
+    session_caps = caps.get("sessionCapabilities") if isinstance(caps, dict) else None
+    return isinstance(session_caps, dict) and session_caps.get("delete") is not None
 
 
 class AcpSessionStrategy:

@@ -529,7 +529,7 @@ class SessionRoutes:
         if not isinstance(agent_session_id, str) or not agent_session_id:
             raise ApiError(404, "agent_session_not_found", "the gateway holds no agent session id for this session")
         try:
-            await delete_agent_session(runtime, agent_session_id, dict(state), self.gw.data_dir)
+            await delete_agent_session(runtime, agent_session_id, dict(state))
         except NotDeclared:
             raise _not_offered(agent_id) from None
         except Exception as exc:
