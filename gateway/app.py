@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import re
@@ -29,12 +30,13 @@ from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
 from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.plugin_routes import PluginRoutes
+from agent_gateway.preferences import disabled_capabilities_for
 from agent_gateway.retention import StorageMaintenance
 from agent_gateway.routes import agents, console, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
 from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.runs import RunManager
-from agent_gateway.runtime import Runtime
+from agent_gateway.runtime import Runtime, TurnServices
 from agent_gateway.sandbox import Sandbox
 from agent_gateway.sandbox.egress import SandboxNetwork
 from agent_gateway.sse import StreamStats
@@ -170,6 +172,17 @@ class Gateway:
             mcp_socket=self.sandbox_network.mcp_socket,
         )
         self.services["sandbox"] = self.sandbox
+        # What every turn is lent (Turn.data_dir, .sandbox, .mcp_servers(), ...): no runtime imports the app.
+        self.turn_services = TurnServices(
+            data_dir=self.data_dir,
+            workspace_roots=config.workspace_roots,
+            sandbox=self.sandbox,
+            tools=self.tools,
+            files=self.services["files"],
+            base_url=lambda: self.services.get("base_url"),
+            mcp_servers_for=self.services["mcp_servers_for"],
+            negotiate_runtime_policy=plugins.negotiate_runtime_policy,
+        )
         # Where agents call back (MCP). Never taken from a request's Host header: the configured
         # public URL, else the launcher sets the listening URL, else (an embedding app's own
         # runner) the local address of the first accepted connection. The key is always present,
@@ -182,7 +195,10 @@ class Gateway:
             strategies,
             self.executor,
             run_timeout=float(gw["run_timeout_seconds"]),
-            services=self.services,
+            turn_services=self.turn_services,
+            tools=self.tools,
+            disabled_capabilities=functools.partial(disabled_capabilities_for, self),
+            trace_run=lambda run, name, headers: plugins.trace_run(run, name, headers, config),
             max_queued_per_session=int(gw["max_queued_runs_per_session"]),
             max_active_per_actor=int(gw["max_active_runs_per_actor"]),
             multitask_strategy=str(gw["multitask_strategy"]),

@@ -86,15 +86,13 @@ class ToolAgent:
         }
 
     async def run_turn(self, turn: Turn) -> TurnOutcome:
-        gateway = turn.services["gateway"]
-        scope = getattr(turn, "tool_scope", None)
-        if scope is None:  # until runs.py builds the scope when the run starts
-            disabled = await disabled_capabilities_for(gateway, turn.run.actor_id, turn.run.agent_id)
-            scope = gateway.tools.scope_for(turn.run, disabled_capabilities=disabled)
+        tools = turn.tools
+        assert tools is not None
+        scope = tools.scope_for(turn.run)  # with the capabilities resolved as off when the run started
         name = turn.message.strip()
         await turn.emit("tool.started", {"toolCallId": "call_1", "title": name, "rawInput": self.arguments}, "agent")
         try:
-            result = await gateway.tools.call(name, dict(self.arguments), scope, caller="mcp")
+            result = await tools.call(name, dict(self.arguments), scope, caller="mcp")
         except ToolError as exc:
             await turn.emit(
                 "tool.completed", {"toolCallId": "call_1", "status": "failed", "error": exc.to_wire()}, "agent"

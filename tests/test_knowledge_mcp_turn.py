@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,8 @@ class McpAgentPlugin:
 
     def record(self, gateway: Gateway) -> None:
         """Wrap the gateway's provider of mcpServers entries to keep what it gives."""
-        provide: Callable[..., list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
+        provide = gateway.turn_services.mcp_servers_for
+        assert provide is not None
 
         def recording(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
             # base_url: where a confined agent reaches the gateway from inside its sandbox.
@@ -103,7 +104,7 @@ class McpAgentPlugin:
             self.entries.extend(entries)
             return entries
 
-        gateway.services["mcp_servers_for"] = recording
+        gateway.turn_services.mcp_servers_for = recording
 
 
 async def serve(client: TestClient, plugin: McpAgentPlugin) -> TestClient:

@@ -87,7 +87,8 @@ class ToolUsingRuntime:
         return {"capabilities": []}
 
     async def run_turn(self, turn: Turn) -> TurnOutcome:
-        tools = turn.services["tools"]
+        tools = turn.tools
+        assert tools is not None
         # This agent has not the capability: the facade refuses the call, receipted (and traced).
         with contextlib.suppress(ToolError):
             await tools.call("workspace.describe_roots", {}, tools.scope_for(turn.run), caller="tests")

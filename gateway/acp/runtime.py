@@ -484,18 +484,16 @@ class AcpRuntime:
     # -- processes ----------------------------------------------------------------------------
     def _workspace_dir(self, turn: Turn) -> Path | None:
         """The configured folder of the run's workspace; None when it has none."""
-        root = (turn.services.get("workspace_roots") or {}).get(turn.run.workspace_id)
-        return Path(root) if root is not None else None
+        return turn.workspace_root
 
     def home_for(self, turn: Turn) -> Path:
         """The agent's own home for the run's actor (sessions, memory, config never cross actors)."""
         if self.spec.homes_root is not None:
             return self.spec.homes_root / safe_name(turn.run.actor_id)
-        sandbox: Sandbox | None = turn.services.get("sandbox")
+        sandbox = turn.sandbox
         if sandbox is not None:
             return sandbox.home_for(self.agent_id, turn.run.actor_id)
-        data_dir = Path(turn.services.get("data_dir") or ".")
-        return data_dir / "agent-homes" / safe_name(self.agent_id) / safe_name(turn.run.actor_id)
+        return turn.data_dir / "agent-homes" / safe_name(self.agent_id) / safe_name(turn.run.actor_id)
 
     def _launch(self, turn: Turn) -> AgentLaunch:
         """What the process for this turn's binding needs: see :class:`agent_gateway.AgentLaunch`."""
@@ -522,9 +520,9 @@ class AcpRuntime:
         env["HOME"] = str(home)
         for name in self.spec.home_env:
             env[name] = str(home)
-        data_dir = Path(turn.services.get("data_dir") or ".")
+        data_dir = turn.data_dir
         read_only = program_paths(self.spec.command, env.get("PATH"), [str(data_dir)])
-        base_url = turn.services.get("base_url")
+        base_url = turn.base_url
         return AgentLaunch(
             agent_id=self.agent_id,
             actor_id=turn.run.actor_id,
@@ -561,7 +559,7 @@ class AcpRuntime:
         )
 
     async def _confine(self, turn: Turn, launch: AgentLaunch) -> SandboxedCommand:
-        sandbox: Sandbox | None = turn.services.get("sandbox")
+        sandbox = turn.sandbox
         await asyncio.to_thread(self._prepare_dirs, launch, sandbox)
         if sandbox is None:
             return unconfined(launch, "none: no sandbox service")
@@ -612,7 +610,7 @@ class AcpRuntime:
                 await command.cleanup()
             raise
         self.initialize_result = result
-        self._negotiate_policy(result, turn.services.get("plugins"))
+        self._negotiate_policy(result, turn)
         return binding
 
     def _environment(self) -> dict[str, str]:
@@ -620,7 +618,7 @@ class AcpRuntime:
         `inherit_env`), then the spec's `env`."""
         return agent_environment(self.spec.env, inherit=self.spec.inherit_env)
 
-    def _negotiate_policy(self, result: dict[str, Any], plugins: Any) -> None:
+    def _negotiate_policy(self, result: dict[str, Any], turn: Turn) -> None:
         """The plugin's defaults, overridden by what the agent declares, then by the hook."""
         caps = result.get("agentCapabilities") or {}
         mcp = caps.get("mcpCapabilities") or {}
@@ -631,8 +629,7 @@ class AcpRuntime:
         if isinstance(agent_info, dict):
             self.agent_info = {k: agent_info[k] for k in ("name", "title", "version") if agent_info.get(k) is not None}
         policy.extra["negotiated"] = True
-        if plugins is not None:
-            plugins.negotiate_runtime_policy(self.agent_id, policy, result)
+        turn.negotiate_runtime_policy(self.agent_id, policy, result)
 
     async def _make_room(self, actor_id: str, turn: Turn | None = None) -> None:
         """Called with `_start_lock` held (let go while waiting): room for one more process of
@@ -864,11 +861,7 @@ class AcpRuntime:
 
     def _mcp_servers(self, turn: Turn) -> list[dict[str, Any]]:
         servers = list(self.spec.mcp_servers)
-        provider = turn.services.get("mcp_servers_for")
-        if provider is not None:
-            binding = turn.binding
-            inside = getattr(binding, "mcp_base_url", None)
-            servers.extend(provider(turn, self.policy, base_url=inside) if inside else provider(turn, self.policy))
+        servers.extend(turn.mcp_servers(self.policy, base_url=getattr(turn.binding, "mcp_base_url", None)))
         return servers
 
     # -- turns ----------------------------------------------------------------------------------
@@ -1077,7 +1070,7 @@ class AcpRuntime:
 
     def _files(self, binding: Binding) -> Any:
         turn = binding.turn
-        files = turn.services.get("files") if turn is not None else None
+        files = turn.files if turn is not None else None
         if files is None:
             raise AcpRequestError(-32603, "file access is not available outside a run")
         return files

@@ -159,7 +159,7 @@ def binding_lease(gateway: Gateway, turn: Turn) -> str:
 
 
 def mcp_servers_for(gateway: Gateway) -> Callable[[Turn, RuntimePolicy], list[dict[str, Any]]]:
-    """The ``turn.services["mcp_servers_for"]`` provider for ACP runtimes."""
+    """What `Turn.mcp_servers(policy)` calls: the gateway's MCP server entries for a turn's agent."""
 
     def provide(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
         """``base_url``: where the agent reaches the gateway from inside its sandbox (default: the
