@@ -10,7 +10,7 @@ import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -24,10 +24,12 @@ from agent_gateway.config import Config, redact_url, section_specs_from_hook
 from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_error
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
+from agent_gateway.lifecycle import GatewayContext
 from agent_gateway.loop_monitor import LoopLagMonitor
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.wiring import mcp_servers_for
+from agent_gateway.models import Event, Run
 from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.plugin_routes import PluginRoutes
 from agent_gateway.preferences import disabled_capabilities_for
@@ -46,6 +48,7 @@ from agent_gateway.webhooks import Webhooks
 from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.app")
+T = TypeVar("T")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH, *console.PUBLIC_PATHS})
@@ -57,6 +60,67 @@ STREAMS_CLOSE_SECONDS = 2.0  # at shutdown, for streams to write their last even
 
 class StartupError(Exception):
     """The gateway could not start (storage could not be opened, ...): a one-line reason."""
+
+
+class LocalInstance:
+    """What the cluster coordinator may use of this gateway instance
+    (:class:`agent_gateway.cluster.ClusterInstance`)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        journal: Journal,
+        runs: RunManager,
+        executor: ThreadPoolExecutor,
+        base_url: Callable[[], str | None],
+    ) -> None:
+        self._bus = bus
+        self._journal = journal
+        self._runs = runs
+        self._executor = executor
+        self._base_url = base_url
+
+    @property
+    def base_url(self) -> str | None:
+        return self._base_url()
+
+    def publish(self, topic: str, events: list[Event]) -> None:
+        self._bus.publish_many(topic, events)
+
+    def has_streams(self, topic: str) -> bool:
+        return self._bus.subscriber_count(topic) > 0
+
+    def resync(self, topic: str | None = None) -> None:
+        self._bus.resync((lambda t: True) if topic is None else (lambda t: t == topic))
+
+    async def create_run(self, actor_id: str, body: Any) -> tuple[Run, bool]:
+        return await self._runs.create(actor_id, body)
+
+    async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
+        return await self._runs.cancel(host_run_id, actor_id)
+
+    async def resolve_permission(self, host_run_id: str, actor_id: str, request_id: str, option_id: Any) -> None:
+        await self._runs.resolve_permission(host_run_id, actor_id, request_id, option_id)
+
+    def active_run_ids(self) -> list[str]:
+        return [run.host_run_id for run in self._runs.active_runs()]
+
+    def abandon_runs(self) -> None:
+        self._runs.abandon()
+
+    async def flush_journal(self) -> None:
+        await self._journal.flush()
+
+    @property
+    def journal_pending(self) -> int:
+        return self._journal.pending
+
+    @property
+    def fenced_events(self) -> int:
+        return self._journal.fenced
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
 
 class Gateway:
@@ -214,6 +278,8 @@ class Gateway:
             self.runs.webhook_url = self.webhooks.url_for
             self.runs.listeners.append(self.webhooks.run_changed)
         self.watcher = Watcher(self)
+        # What plugins' gateway_startup / gateway_shutdown get (never the aiohttp application).
+        self.context = GatewayContext(config, self.data_dir, _base_url=lambda: self.services.get("base_url"))
         # Freed heap pages go back to the system after runs end: RSS settles between runs.
         self.heap_trimmer = HeapTrimmer(None, lambda: len(self.runs.active_runs()))
         self.runs.listeners.append(self.heap_trimmer.after_run)
@@ -241,7 +307,9 @@ class Gateway:
                 + " ".join(str(exc).split())
             ) from exc
         await self.journal.start()
-        await self.coordinator.start(self)
+        await self.coordinator.start(
+            LocalInstance(self.bus, self.journal, self.runs, self.executor, lambda: self.services.get("base_url"))
+        )
         self.loop_monitor.start()
         interrupted = await self.runs.recover()
         await self.watcher.start()
@@ -249,7 +317,7 @@ class Gateway:
         await self.webhooks.start()  # after `recover`: runs a crash left active now have their end
         if interrupted:
             log.warning("marked %d run(s) left active by a previous process as interrupted", interrupted)
-        await self.plugins.startup(app)
+        await self.plugins.startup(self.context)
 
     async def drain(self, app: web.Application | None = None) -> None:
         """The first step of stopping, before the server waits for request handlers: refuse new
@@ -286,7 +354,7 @@ class Gateway:
             except Exception:
                 log.exception("runtime %s failed to close", runtime.agent_id)
         await self.sandbox_network.close()
-        await self.plugins.shutdown(app)
+        await self.plugins.shutdown(self.context)
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()
         await self.maintenance.stop()

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from agent_gateway.auth import Actor
     from agent_gateway.cluster import Coordinator
     from agent_gateway.config import Config
+    from agent_gateway.lifecycle import GatewayContext
     from agent_gateway.models import Run
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy
@@ -241,13 +242,13 @@ class PluginHost:
                 allowed = False
         return allowed
 
-    async def startup(self, app: web.Application) -> None:
-        for result in self.pm.hook.gateway_startup(app=app):
+    async def startup(self, context: GatewayContext) -> None:
+        for result in self.pm.hook.gateway_startup(context=context):
             if inspect.isawaitable(result):
                 await result
 
-    async def shutdown(self, app: web.Application) -> None:
-        for result in self.pm.hook.gateway_shutdown(app=app):
+    async def shutdown(self, context: GatewayContext) -> None:
+        for result in self.pm.hook.gateway_shutdown(context=context):
             if inspect.isawaitable(result):
                 await result
 

@@ -107,7 +107,7 @@ def tool_call_completed(call: ToolCall, receipt: dict[str, Any]) -> None:
 
 
 @hookimpl
-def gateway_shutdown(app: Any) -> Awaitable[None] | None:
+def gateway_shutdown(context: Any) -> Awaitable[None] | None:
     telemetry = _telemetry
     if telemetry is None or not telemetry.owned:
         return None
