@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Storage": "agent_gateway.storage",
     "Config": "agent_gateway.config",
     "ApiError": "agent_gateway.errors",
-    "PluginError": "agent_gateway.plugin_host",
+    "PluginError": "agent_gateway.errors",
     # the door plugin routes go through (register_routes)
     "PluginRoutes": "agent_gateway.plugin_routes",
     # what gateway_startup / gateway_shutdown get
@@ -175,7 +175,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner
     from agent_gateway.config import Config
     from agent_gateway.environment import agent_environment
-    from agent_gateway.errors import ApiError, read_json
+    from agent_gateway.errors import ApiError, PluginError, read_json
     from agent_gateway.fairness import WorkSlices, yield_slice
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl
     from agent_gateway.lifecycle import GatewayContext
@@ -189,7 +189,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         resolve_path,
         write_file_atomically,
     )
-    from agent_gateway.plugin_host import PluginError
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
     from agent_gateway.sandbox import (

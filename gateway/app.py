@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import ipaddress
 import logging
 import re
@@ -21,6 +20,7 @@ from agent_gateway.browser_guard import BrowserGuard, guard_from_config
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
 from agent_gateway.config import Config, redact_url, section_specs_from_hook
+from agent_gateway.descriptors import AgentAvailability, Descriptors
 from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_error
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
@@ -28,11 +28,12 @@ from agent_gateway.lifecycle import GatewayContext
 from agent_gateway.loop_monitor import LoopLagMonitor
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
+from agent_gateway.mcp.surface import McpSurface
 from agent_gateway.mcp.wiring import mcp_servers_for
 from agent_gateway.models import Event, Run
 from agent_gateway.plugin_host import PluginError, PluginHost
-from agent_gateway.plugin_routes import PluginRoutes
-from agent_gateway.preferences import disabled_capabilities_for
+from agent_gateway.plugin_routes import PluginRoutes, PluginRoutesDeps
+from agent_gateway.preferences import Preferences
 from agent_gateway.retention import StorageMaintenance
 from agent_gateway.routes import agents, console, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
@@ -41,7 +42,7 @@ from agent_gateway.runs import RunManager
 from agent_gateway.runtime import Runtime, TurnServices
 from agent_gateway.sandbox import Sandbox
 from agent_gateway.sandbox.egress import SandboxNetwork
-from agent_gateway.sse import StreamStats
+from agent_gateway.sse import Streams, StreamStats
 from agent_gateway.tools import ToolFacade
 from agent_gateway.watcher import Watcher
 from agent_gateway.webhooks import Webhooks
@@ -211,21 +212,17 @@ class Gateway:
             workspace_access=self.workspace_access,
         )
         self.stream_stats = StreamStats()
-        # What runtimes may use through `turn.services` (no runtime imports the app).
-        self.services: dict[str, Any] = {
-            "config": config,
-            "plugins": plugins,
-            "gateway": self,
-            "data_dir": self.data_dir,
-            "workspace_roots": config.workspace_roots,
-            "tools": self.tools,
-            "files": AgentFiles(self.tools),
-        }
-        self.services["mcp_servers_for"] = mcp_servers_for(self)
+        # Where agents call back (MCP). Never taken from a request's Host header: the configured
+        # public URL, else the launcher sets the listening URL, else (an embedding app's own
+        # runner) the local address of the first accepted connection.
+        self.public_url: str | None = str(gw["public_url"]).rstrip("/") or None
+        self.files = AgentFiles(self.tools)
+        # The MCP surface agents reach the tools through (its leases resolve against active runs).
+        self.mcp = McpSurface(self.tools, lambda: self.runs.active_runs(), lambda: self.public_url)
         # Agent processes start confined ([sandbox]): their network reaches the gateway only through
         # sockets of its own (an allow-listing egress proxy, and an MCP-only server).
         mcp_only = web.Application(client_max_size=self.max_body_bytes)
-        mcp_http.setup(mcp_only, self)
+        mcp_http.setup(mcp_only, self.mcp)
         self.sandbox_network = SandboxNetwork(mcp_only)
         self.sandbox = Sandbox(
             config.section("sandbox"),
@@ -235,23 +232,39 @@ class Gateway:
             egress=self.sandbox_network.open_egress,
             mcp_socket=self.sandbox_network.mcp_socket,
         )
-        self.services["sandbox"] = self.sandbox
         # What every turn is lent (Turn.data_dir, .sandbox, .mcp_servers(), ...): no runtime imports the app.
         self.turn_services = TurnServices(
             data_dir=self.data_dir,
             workspace_roots=config.workspace_roots,
             sandbox=self.sandbox,
             tools=self.tools,
-            files=self.services["files"],
-            base_url=lambda: self.services.get("base_url"),
-            mcp_servers_for=self.services["mcp_servers_for"],
+            files=self.files,
+            base_url=lambda: self.public_url,
+            mcp_servers_for=mcp_servers_for(self.mcp),
             negotiate_runtime_policy=plugins.negotiate_runtime_policy,
         )
-        # Where agents call back (MCP). Never taken from a request's Host header: the configured
-        # public URL, else the launcher sets the listening URL, else (an embedding app's own
-        # runner) the local address of the first accepted connection. The key is always present,
-        # so nothing may fill it in with `setdefault` from a request.
-        self.services["base_url"] = str(gw["public_url"]).rstrip("/") or None
+        # Agents' availability, believed for a few seconds (run creation and descriptors share it).
+        self.availability = AgentAvailability(self.runtimes, self.executor)
+        auth_section = config.section("auth")
+        admins = auth_section.get("admins") or []
+        # The agents' descriptors and the actors' preferences (one-way: preferences use descriptors).
+        self.descriptors = Descriptors(
+            self.runtimes,
+            self.tools.tools,
+            lambda: plugins.setting_fields(config),
+            self.executor,
+            self.availability,
+            auth_required=self.auth.required,
+            admins=admins if isinstance(admins, list) else [],
+        )
+        self.preferences = Preferences(
+            self.descriptors,
+            storage,
+            self.journal,
+            self.executor,
+            self.runtimes,
+            cached=not self.coordinator.clustered,  # another instance may write them
+        )
         self.runs = RunManager(
             storage,
             self.journal,
@@ -261,7 +274,7 @@ class Gateway:
             run_timeout=float(gw["run_timeout_seconds"]),
             turn_services=self.turn_services,
             tools=self.tools,
-            disabled_capabilities=functools.partial(disabled_capabilities_for, self),
+            disabled_capabilities=self.preferences.disabled_capabilities,
             trace_run=lambda run, name, headers: plugins.trace_run(run, name, headers, config),
             max_queued_per_session=int(gw["max_queued_runs_per_session"]),
             max_active_per_actor=int(gw["max_active_runs_per_actor"]),
@@ -271,22 +284,29 @@ class Gateway:
             max_actor_journal_bytes_per_day=int(gw["max_actor_journal_bytes_per_day"]),
             workspace_access=self.workspace_access,
             coordinator=self.coordinator,
+            availability=self.availability,
         )
         # Run webhooks ([webhooks]): deliveries from the journal's outbox, after each run ends.
         self.webhooks = Webhooks(config.section("webhooks"), storage, self.executor)
         if self.webhooks.enabled:
             self.runs.webhook_url = self.webhooks.url_for
             self.runs.listeners.append(self.webhooks.run_changed)
-        self.watcher = Watcher(self)
+        # The workspaces' files.changed streams: told of facade writes and of run changes.
+        self.watcher = Watcher(self.journal, config.workspace_roots, self.executor, self.runs.active_runs)
+        self.tools.write_observers.append(self.watcher)
+        self.runs.listeners.append(self.watcher.run_changed)
+        self.streams = Streams(
+            self.journal, self.bus, self.stream_capacity, self.heartbeat, self.stream_stats, self.stream_send_timeout
+        )
         # What plugins' gateway_startup / gateway_shutdown get (never the aiohttp application).
-        self.context = GatewayContext(config, self.data_dir, _base_url=lambda: self.services.get("base_url"))
+        self.context = GatewayContext(config, self.data_dir, _base_url=lambda: self.public_url)
         # Freed heap pages go back to the system after runs end: RSS settles between runs.
         self.heap_trimmer = HeapTrimmer(None, lambda: len(self.runs.active_runs()))
         self.runs.listeners.append(self.heap_trimmer.after_run)
 
     def set_public_url(self, url: str) -> None:
         """The base URL agents' MCP clients call back on (see ``[gateway] public_url``)."""
-        self.services["base_url"] = url.rstrip("/")
+        self.public_url = url.rstrip("/")
 
     def learn_listening_address(self, request: web.Request) -> None:
         """With no public URL yet, take the local address the connection was accepted on (the
@@ -308,7 +328,7 @@ class Gateway:
             ) from exc
         await self.journal.start()
         await self.coordinator.start(
-            LocalInstance(self.bus, self.journal, self.runs, self.executor, lambda: self.services.get("base_url"))
+            LocalInstance(self.bus, self.journal, self.runs, self.executor, lambda: self.public_url)
         )
         self.loop_monitor.start()
         interrupted = await self.runs.recover()
@@ -399,7 +419,7 @@ def _check_host(request: web.Request) -> None:
 def _authenticate(gateway: Gateway, request: web.Request) -> Actor | Awaitable[Actor] | None:
     """The caller of ``request`` (the ``authenticate`` hooks; 401 when nobody vouches for it), or
     None on public paths."""
-    if gateway.services.get("base_url") is None:
+    if gateway.public_url is None:
         gateway.learn_listening_address(request)
     if request.path in PUBLIC_PATHS or (request.path == METRICS_PATH and gateway.public_metrics):
         return None
@@ -461,18 +481,62 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
     app[AUTH_KEY] = gateway.auth
-    plugin_routes = gateway.plugin_routes = PluginRoutes(gateway, app.router)
+    gw = gateway
+    plugin_routes = gateway.plugin_routes = PluginRoutes(
+        PluginRoutesDeps(
+            gw.auth,
+            config,
+            gw.preferences,
+            gw.runs,
+            gw.journal,
+            gw.streams,
+            gw.workspace_access,
+            gw.runtimes,
+            gw.tools,
+            gw.executor,
+        ),
+        app.router,
+    )
     app[ERROR_SHAPES] = plugin_routes.error_shapes
-    runs.setup(app, gateway)
-    agents.setup(app, gateway)
-    system.setup(app, gateway, plugin_routes.openapi_paths)
-    receipts.setup(app, gateway)
-    metrics.setup(app, gateway)
-    workspaces.setup(app, gateway)
-    mcp_http.setup(app, gateway)
-    preferences_routes.setup(app, gateway)
-    sessions_routes.setup(app, gateway)
-    console.setup(app, gateway)
+    runs.setup(
+        app,
+        runs.RunRoutesDeps(
+            gw.auth, gw.runs, gw.journal, gw.streams, gw.preferences, gw.projections, gw.webhooks, gw.executor
+        ),
+    )
+    agents.setup(app, gw.auth, gw.runtimes, gw.preferences)
+    system_sources = system.SystemSources(
+        gw.runtimes,
+        gw.projections,
+        gw.auth.required,
+        gw.public_metrics,
+        gw.descriptors,
+        gw.storage,
+        gw.journal,
+        gw.executor,
+        gw.runs,
+        gw.coordinator,
+    )
+    system.setup(app, system_sources, plugin_routes.openapi_paths)
+    receipts.setup(app, gw.auth, gw.runs, gw.storage, gw.executor)
+    metric_sources = metrics.MetricSources(
+        gw.runs,
+        gw.runtimes,
+        gw.journal,
+        gw.bus,
+        gw.stream_stats,
+        gw.loop_monitor,
+        gw.coordinator,
+        gw.sandbox_network.counters,
+    )
+    metrics.setup(app, gw.auth, metric_sources)
+    workspaces.setup(app, gw.auth, gw.watcher, gw.workspace_access, gw.streams)
+    mcp_http.setup(app, gw.mcp)
+    preferences_routes.setup(app, gw.auth, gw.preferences)
+    sessions_routes.setup(
+        app, sessions_routes.SessionsDeps(gw.auth, gw.storage, gw.journal, gw.runs, gw.runtimes, gw.executor)
+    )
+    console.setup(app)
     plugins.register_routes(plugin_routes)  # after the core's: a plugin cannot take a core path
     plugin_routes.close()
     app.on_startup.append(gateway.start)

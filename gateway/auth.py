@@ -17,7 +17,7 @@ import hmac
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -27,7 +27,6 @@ from agent_gateway.workspace_access import workspace_not_found
 if TYPE_CHECKING:
     from agent_gateway.config import Config
     from agent_gateway.models import Run
-    from agent_gateway.plugin_host import PluginHost
 
 LOCAL_ACTOR = "local"
 # Where the middleware keeps the caller: the Actor, and its id (what routes read).
@@ -99,10 +98,22 @@ def run_resource(run: Run) -> dict[str, Any]:
     }
 
 
+class AuthHooks(Protocol):
+    """The hooks :class:`Auth` asks (the plugin host's ``authenticate`` and ``authorize`` facades)."""
+
+    def authentication_required(self, config: Config) -> bool: ...
+
+    def authorizes(self) -> bool: ...
+
+    def authenticate(self, request: web.Request, config: Config) -> Any: ...
+
+    async def authorize(self, actor: Actor, action: str, resource: dict[str, Any]) -> bool: ...
+
+
 class Auth:
     """Authentication and authorization for one gateway, decided once at start-up."""
 
-    def __init__(self, config: Config, plugins: PluginHost) -> None:
+    def __init__(self, config: Config, plugins: AuthHooks) -> None:
         self.plugins = plugins
         self.config = config
         # False: no authenticator is in use, every caller is the one local actor (loopback only).

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 from pluggy import HookCaller, HookImpl, Result
 
+from agent_gateway.errors import PluginError
 from agent_gateway.hookspecs import PROJECT_NAME, SPEC_MODULES
 from agent_gateway.hookspecs.projection import Projection
 
@@ -46,15 +47,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_gateway.plugin_host")
 
+__all__ = ["PluginError", "PluginHost", "PluginInfo"]
+
 ENTRY_POINT_GROUP = PROJECT_NAME
 # The distribution whose entry points are the built-in plugins (compared normalised, PEP 503).
 BUILTIN_DISTRIBUTION = "agent-gateway"
 LOAD_ENV = "AGENT_GATEWAY_LOAD_PLUGINS"
 TRACE_ENV = "AGENT_GATEWAY_TRACE_HOOKS"
-
-
-class PluginError(Exception):
-    """A plugin could not be loaded or broke the contract."""
 
 
 @dataclass(frozen=True)

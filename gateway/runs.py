@@ -230,6 +230,7 @@ class RunManager:
         max_actor_journal_bytes_per_day: int = 0,
         workspace_access: WorkspaceAccess | None = None,
         coordinator: Coordinator | None = None,
+        availability: AgentAvailability | None = None,
         multitask_strategy: str = "enqueue",
         multitask_strategy_by_agent: dict[str, str] | None = None,
     ) -> None:
@@ -263,7 +264,7 @@ class RunManager:
         self._actor_journal_bytes: dict[str, int] = {}
         self.workspace_access = workspace_access or WorkspaceAccess()
         # Whether an agent can run at all (its binary, its upstream), believed for a few seconds.
-        self.availability = AgentAvailability(runtimes, executor)
+        self.availability = availability or AgentAvailability(runtimes, executor)
         self._active: dict[str, ActiveRun] = {}
         # Runs admitted but not yet in `_active` (their request key is being looked up), by (actor, session).
         self._admitting: Counter[tuple[str, str]] = Counter()

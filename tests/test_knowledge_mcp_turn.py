@@ -37,7 +37,6 @@ from agent_gateway.app import GATEWAY_KEY, Gateway
 from agent_gateway.config import Config
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.mcp import MCP_PATH, TOKEN_ENV
-from agent_gateway.mcp import http as mcp_http
 from agent_gateway.runtime import RuntimePolicy, Turn
 from agent_gateway.testing.fake_openai import FakeOpenAI
 from tests._harness import FAKE_ACP_AGENT
@@ -112,7 +111,7 @@ async def serve(client: TestClient, plugin: McpAgentPlugin) -> TestClient:
     if client.server.runner is None:
         await client.start_server()
     gateway = client.app[GATEWAY_KEY]
-    gateway.services["base_url"] = str(client.make_url("")).rstrip("/")
+    gateway.set_public_url(str(client.make_url("")))
     plugin.record(gateway)
     return client
 
@@ -144,7 +143,7 @@ def tool_events(events: list[dict[str, Any]], source: str) -> list[dict[str, Any
 
 def lease_token(client: TestClient) -> str:
     """The token of the live binding's lease (what its mcpServers entry carries)."""
-    leases = mcp_http.leases_of(client.app[GATEWAY_KEY]).leases()
+    leases = client.app[GATEWAY_KEY].mcp.leases.leases()
     [lease] = [lease for lease in leases if isinstance(lease.key, tuple) and lease.key[0] == "binding"]
     return str(lease.token)
 

@@ -16,20 +16,21 @@ import html
 import json
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, replace
+from typing import Any
 
 from aiohttp import web
 
 from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
+from agent_gateway.auth import Auth
 from agent_gateway.errors import ApiError, read_json
+from agent_gateway.journal import Journal
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps, events_of_frames
-from agent_gateway.runs import MAX_ID_LENGTH, VISIBLE
+from agent_gateway.runs import MAX_ID_LENGTH, VISIBLE, RunManager
+from agent_gateway.storage import Storage
 from agent_gateway.transcript import project_transcript, run_transcript
-
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +82,26 @@ def run_digest(run: Run, transcript: dict[str, Any]) -> dict[str, Any]:
 LIST_QUERY = frozenset({"q", "agentId", "status", "limit", "cursor"})
 
 
+@dataclass(frozen=True)
+class SessionsDeps:
+    """What the sessions feature uses (its index, its routes)."""
+
+    auth: Auth
+    storage: Storage
+    journal: Journal
+    runs: RunManager
+    runtimes: Mapping[str, Any]
+    executor: Executor
+
+
 class SessionIndexer:
     """Keeps the session index current: a run listener feeding one worker task (so updates of a
     session are applied in the order they happened). Reads wait for it (:meth:`settle`), so a
     client that saw a run end finds it listed and searchable."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
-        self.enabled = all(callable(getattr(gateway.storage, name, None)) for name in INDEX_METHODS)
+    def __init__(self, deps: SessionsDeps) -> None:
+        self.deps = deps
+        self.enabled = all(callable(getattr(deps.storage, name, None)) for name in INDEX_METHODS)
         # Run snapshots to index, each with the SSE frames of an ended run's events if the journal
         # still held them all when it ended (else its events are read from storage).
         self.queue: asyncio.Queue[tuple[Run, bytes | None]] = asyncio.Queue()
@@ -98,14 +111,14 @@ class SessionIndexer:
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.gw.executor, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(self.deps.executor, lambda: fn(*args, **kwargs))
 
     def on_run(self, run: Run) -> None:
         if not self.enabled or self.stopped:
             return  # after shutdown: an ended run is indexed by the next process (settle)
         # The ended run's events from the frames in memory: a storage read of a long run holds the
         # GIL on a worker for every row it turns into an event (0.2 s for 20,000), slowing the loop.
-        frames = self.gw.journal.frames_of(run.host_run_id) if run.is_terminal else None
+        frames = self.deps.journal.frames_of(run.host_run_id) if run.is_terminal else None
         self.queue.put_nowait((replace(run, request=dict(run.request)), frames))  # a snapshot: the run changes on
         if self.worker is None or self.worker.done():
             self.worker = asyncio.get_running_loop().create_task(self._work(), name="session-indexer")
@@ -142,7 +155,7 @@ class SessionIndexer:
             # creates its index row (and gives it its title) even when the next one started before
             # the first one's end was seen.
             latest[run.host_run_id] = (run, frames)
-        storage = self.gw.storage
+        storage = self.deps.storage
         writes: list[tuple[Run, Callable[[], Any]]] = []
         for run, frames in latest.values():
             writes.append((run, functools.partial(storage.touch_session_index, run)))
@@ -163,7 +176,7 @@ class SessionIndexer:
                 except Exception:  # one run's failure leaves the others indexed
                     log.exception("could not index run %s in its session", run.host_run_id)
 
-        self.gw.journal.write_now(write_all)
+        self.deps.journal.write_now(write_all)
 
     async def settle(self) -> None:
         """Wait until every run change seen so far is indexed; index ended runs that never were
@@ -172,12 +185,12 @@ class SessionIndexer:
             raise ApiError(501, "not_supported", "this storage backend keeps no session index")
         # A run whose terminal event is out (a client may have seen it) is only storing its end:
         # wait for it, so its digest is in the queue.
-        for run in self.gw.runs.active_runs():
-            if self.gw.journal.has_terminal(run.host_run_id):
-                await self.gw.runs.wait(run.host_run_id)
+        for run in self.deps.runs.active_runs():
+            if self.deps.journal.has_terminal(run.host_run_id):
+                await self.deps.runs.wait(run.host_run_id)
         if not self.backfilled:
             self.backfilled = True
-            for run in await self._db(self.gw.storage.runs_without_digest, 10_000):
+            for run in await self._db(self.deps.storage.runs_without_digest, 10_000):
                 self.on_run(run)
         if self.worker is not None and not self.worker.done():
             await self.queue.join()
@@ -272,16 +285,16 @@ def highlight(snippet: Any) -> str:
 
 
 class SessionRoutes:
-    def __init__(self, gateway: Gateway, indexer: SessionIndexer) -> None:
-        self.gw = gateway
+    def __init__(self, deps: SessionsDeps, indexer: SessionIndexer) -> None:
+        self.deps = deps
         self.indexer = indexer
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await self.indexer._db(fn, *args, **kwargs)
 
     async def _summary(self, actor_id: str, row: dict[str, Any]) -> dict[str, Any]:
-        active = await self.gw.runs.active_run(actor_id, row["session_id"])
-        runtime = self.gw.runtimes.get(row["agent_id"])
+        active = await self.deps.runs.active_run(actor_id, row["session_id"])
+        runtime = self.deps.runtimes.get(row["agent_id"])
         return {
             "sessionId": row["session_id"],
             "workspaceId": row["workspace_id"],
@@ -307,17 +320,17 @@ class SessionRoutes:
         session_id = _session_id(request)
         await self.indexer.settle()
         actor_id = request["actor"]
-        row = await self._db(self.gw.storage.get_session_index, actor_id, session_id)
+        row = await self._db(self.deps.storage.get_session_index, actor_id, session_id)
         if row is None:
             raise ApiError(404, "session_not_found", "no such session")
-        if self.gw.auth.authorizing:
+        if self.deps.auth.authorizing:
             resource = {
                 "type": "session",
                 "id": session_id,
                 "agentId": row["agent_id"],
                 "workspaceId": row["workspace_id"],
             }
-            await self.gw.auth.authorize(request, action, resource)
+            await self.deps.auth.authorize(request, action, resource)
         return actor_id, session_id, row
 
     async def list(self, request: web.Request) -> web.Response:
@@ -338,11 +351,13 @@ class SessionRoutes:
         cursor = request.query.get("cursor") or None
         if cursor is not None and not CURSOR_SHAPE.fullmatch(cursor):
             raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned")
-        if self.gw.auth.authorizing:  # the list as a whole: the caller's own sessions
-            await self.gw.auth.authorize(request, "sessions:read", {"type": "session", "id": None, "agentId": agent_id})
+        if self.deps.auth.authorizing:  # the list as a whole: the caller's own sessions
+            await self.deps.auth.authorize(
+                request, "sessions:read", {"type": "session", "id": None, "agentId": agent_id}
+            )
         await self.indexer.settle()
         actor_id = request["actor"]
-        storage = self.gw.storage
+        storage = self.deps.storage
         next_cursor: str | None = None
         if query:
             offset = decode_cursor(cursor, search=True) if cursor else 0
@@ -376,11 +391,11 @@ class SessionRoutes:
         return web.json_response({"schema": "gateway.sessions.v1", "sessions": sessions, "nextCursor": next_cursor})
 
     async def _detail(self, actor_id: str, session_id: str, row: dict[str, Any], events: bool) -> dict[str, Any]:
-        storage = self.gw.storage
+        storage = self.deps.storage
         runs: list[Run] = await self._db(storage.list_runs, actor_id=actor_id, session_id=session_id, limit=MAX_RUNS)
         items = []
         for run in runs:
-            live = await self.gw.runs.get(run.host_run_id, actor_id) or run  # the live status of an active run
+            live = await self.deps.runs.get(run.host_run_id, actor_id) or run  # the live status of an active run
             journal = await self._db(storage.read_events, run.host_run_id)
             transcript = project_transcript(journal, run_transcript(live))
             item: dict[str, Any] = {"receipt": live.to_receipt(), "transcript": transcript}
@@ -422,7 +437,7 @@ class SessionRoutes:
         }
 
     def _can_delete_agent_session(self, agent_id: str) -> bool | None:
-        runtime = self.gw.runtimes.get(agent_id)
+        runtime = self.deps.runtimes.get(agent_id)
         return declares_delete(runtime) if runtime is not None else False
 
     async def get(self, request: web.Request) -> web.Response:
@@ -460,18 +475,18 @@ class SessionRoutes:
         if pinned is not None and not isinstance(pinned, bool):
             raise ApiError(400, "invalid_request", "pinned must be true or false")
         actor_id, session_id, _row = await self._row(request, "sessions:write")
-        await self._db(self.gw.storage.update_session_index, actor_id, session_id, title=title, pinned=pinned)
-        row = await self._db(self.gw.storage.get_session_index, actor_id, session_id)
+        await self._db(self.deps.storage.update_session_index, actor_id, session_id, title=title, pinned=pinned)
+        row = await self._db(self.deps.storage.get_session_index, actor_id, session_id)
         return web.json_response(
             {"schema": "gateway.session_summary.v1", "session": await self._summary(actor_id, row)}
         )
 
     async def _refuse_active(self, actor_id: str, session_id: str) -> None:
         """409 if the session has an active run; inside `runs.hold_sessions`, so none starts after."""
-        active = await self.gw.runs.session_busy(actor_id, session_id)
+        active = await self.deps.runs.session_busy(actor_id, session_id)
         if active is None:
             stored = await self._db(
-                self.gw.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
+                self.deps.storage.list_runs, actor_id=actor_id, session_id=session_id, statuses=sorted(ACTIVE_STATUSES)
             )
             active = stored[0] if stored else None
         if active is not None:
@@ -482,11 +497,11 @@ class SessionRoutes:
     async def _delete(self, actor_id: str, session_id: str) -> bool:
         # Between two group commits and the indexer's writes (the journal's storage lock): an
         # index write of one of its runs that comes later finds the run gone and writes nothing.
-        return bool(await self.gw.journal.write(self.gw.storage.delete_session_history, actor_id, session_id))
+        return bool(await self.deps.journal.write(self.deps.storage.delete_session_history, actor_id, session_id))
 
     async def delete(self, request: web.Request) -> web.Response:
         actor_id, session_id, _row = await self._row(request, "sessions:delete")
-        async with self.gw.runs.hold_sessions(actor_id, [session_id]):
+        async with self.deps.runs.hold_sessions(actor_id, [session_id]):
             await self._refuse_active(actor_id, session_id)
             await self._delete(actor_id, session_id)
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": [session_id], "notFound": []})
@@ -499,11 +514,11 @@ class SessionRoutes:
         session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
         await self.indexer.settle()
         actor_id = request["actor"]
-        if self.gw.auth.authorizing:  # all or nothing: refuse before deleting any
+        if self.deps.auth.authorizing:  # all or nothing: refuse before deleting any
             for session_id in session_ids:
-                await self.gw.auth.authorize(request, "sessions:delete", {"type": "session", "id": session_id})
+                await self.deps.auth.authorize(request, "sessions:delete", {"type": "session", "id": session_id})
         deleted, missing = [], []
-        async with self.gw.runs.hold_sessions(actor_id, session_ids):
+        async with self.deps.runs.hold_sessions(actor_id, session_ids):
             for session_id in session_ids:  # all or nothing: refuse before deleting any
                 await self._refuse_active(actor_id, session_id)
             for session_id in session_ids:
@@ -513,15 +528,15 @@ class SessionRoutes:
     async def delete_agent_session(self, request: web.Request) -> web.Response:
         actor_id, session_id, row = await self._row(request, "sessions:delete")
         agent_id = row["agent_id"]
-        runtime = self.gw.runtimes.get(agent_id)
+        runtime = self.deps.runtimes.get(agent_id)
         if runtime is None or self._can_delete_agent_session(agent_id) is False:
             raise _not_offered(agent_id)
-        async with self.gw.runs.hold_sessions(actor_id, [session_id]):  # no run starts meanwhile
+        async with self.deps.runs.hold_sessions(actor_id, [session_id]):  # no run starts meanwhile
             return await self._delete_agent_session(actor_id, session_id, agent_id, runtime)
 
     async def _delete_agent_session(self, actor_id: str, session_id: str, agent_id: str, runtime: Any) -> web.Response:
         await self._refuse_active(actor_id, session_id)
-        storage = self.gw.storage
+        storage = self.deps.storage
         record = await self._db(storage.get_session, actor_id, session_id) or {}
         runtimes = record.get("runtimes") if isinstance(record.get("runtimes"), dict) else {}
         state = runtimes.get(agent_id) if isinstance(runtimes.get(agent_id), dict) else {}
@@ -649,11 +664,11 @@ def _citation(citation: dict[str, Any]) -> str:
     return md_code(citation.get("url") or "")
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
-    indexer = SessionIndexer(gateway)
-    gateway.runs.listeners.append(indexer.on_run)
+def setup(app: web.Application, deps: SessionsDeps) -> None:
+    indexer = SessionIndexer(deps)
+    deps.runs.listeners.append(indexer.on_run)
     app.on_cleanup.append(indexer.stop)
-    routes = SessionRoutes(gateway, indexer)
+    routes = SessionRoutes(deps, indexer)
     app.router.add_get("/v1/sessions", routes.list)
     app.router.add_post("/v1/sessions:delete", routes.bulk_delete)
     app.router.add_get("/v1/sessions/{session_id}", routes.get)
