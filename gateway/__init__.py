@@ -27,8 +27,8 @@ _EXPORTS: dict[str, str] = {
     "SessionPlan": "agent_gateway.runtime",
     "SessionStrategy": "agent_gateway.sessions",
     "TranscriptStrategy": "agent_gateway.sessions",
-    "yield_slice": "agent_gateway.fairness",
-    "WorkSlices": "agent_gateway.fairness",
+    "yield_slice": "agent_gateway.server.fairness",
+    "WorkSlices": "agent_gateway.server.fairness",
     # the generic ACP runtime
     "AcpAgentSpec": "agent_gateway.acp.runtime",
     "AcpRuntime": "agent_gateway.acp.runtime",
@@ -176,7 +176,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.config import Config
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, PluginError, read_json
-    from agent_gateway.fairness import WorkSlices, yield_slice
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl
     from agent_gateway.lifecycle import GatewayContext
     from agent_gateway.models import Event, Run, now_ms
@@ -201,6 +200,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         program_paths,
         write_home_file,
     )
+    from agent_gateway.server.fairness import WorkSlices, yield_slice
     from agent_gateway.sessions import (
         SHORT_REPLY_WARNING,
         SessionStrategy,

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent_gateway.allocator import HeapTrimmer
 from agent_gateway.auth import ACTOR_ID, AUTH_KEY, IDENTITY, Actor, Auth
 from agent_gateway.browser_guard import BrowserGuard, guard_from_config
 from agent_gateway.bus import Bus
@@ -25,7 +24,6 @@ from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_er
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
 from agent_gateway.lifecycle import GatewayContext
-from agent_gateway.loop_monitor import LoopLagMonitor
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.surface import McpSurface
@@ -42,6 +40,8 @@ from agent_gateway.runs import RunManager
 from agent_gateway.runtime import Runtime, TurnServices
 from agent_gateway.sandbox import Sandbox
 from agent_gateway.sandbox.egress import SandboxNetwork
+from agent_gateway.server.allocator import HeapTrimmer
+from agent_gateway.server.loop_monitor import LoopLagMonitor
 from agent_gateway.sse import Streams, StreamStats
 from agent_gateway.tools import ToolFacade
 from agent_gateway.watcher import Watcher

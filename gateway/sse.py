@@ -27,10 +27,10 @@ from typing import Any
 from aiohttp import hdrs, web
 
 from agent_gateway.bus import Bus
-from agent_gateway.fairness import waiting_requests
-from agent_gateway.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
 from agent_gateway.journal import Journal, TailFrames
 from agent_gateway.models import Event, Run, sse_frames
+from agent_gateway.server.fairness import waiting_requests
+from agent_gateway.server.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
 from agent_gateway.storage import StorageUnavailable
 
 log = logging.getLogger("agent_gateway.http")

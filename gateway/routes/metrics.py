@@ -12,8 +12,8 @@ from agent_gateway.auth import Auth
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
 from agent_gateway.journal import Journal
-from agent_gateway.loop_monitor import INTERVAL, LoopLagMonitor
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
+from agent_gateway.server.loop_monitor import INTERVAL, LoopLagMonitor
 from agent_gateway.sse import StreamStats
 
 if TYPE_CHECKING:
