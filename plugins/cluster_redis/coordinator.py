@@ -47,7 +47,7 @@ from agent_gateway import ApiError, ClusterInstance, Coordinator, Event, NotOwne
 
 from .envelope import REASONS, Rejected, Verifier, seal
 
-log = logging.getLogger("agent_gateway.cluster")
+log = logging.getLogger(__name__)
 
 ACTIVE = ("pending", "queued", "running", "awaiting_permission")
 # Writes of a run: fenced by the instance's lease.

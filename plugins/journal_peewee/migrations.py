@@ -34,7 +34,7 @@ from playhouse.migrate import PostgresqlMigrator, SchemaMigrator, SqliteMigrator
 
 from agent_gateway import now_ms
 
-log = logging.getLogger("agent_gateway.storage")
+log = logging.getLogger(__name__)
 
 # The PostgreSQL advisory lock key that serialises schema changes (any fixed 64-bit number).
 SCHEMA_LOCK_KEY = 0x61675F736368656D  # "ag_schem"

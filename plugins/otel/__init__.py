@@ -25,7 +25,7 @@ from typing import Any
 
 from agent_gateway import Config, Run, RunTrace, ToolCall, hookimpl
 
-log = logging.getLogger("agent_gateway.otel")
+log = logging.getLogger(__name__)
 
 SECTION = "otel"
 DEFAULTS: dict[str, Any] = {

@@ -53,7 +53,7 @@ from agent_gateway import (
 from .mapping import EventMapper
 from .rpc import PiError, PiExited, PiProcess
 
-log = logging.getLogger("agent_gateway.plugins.pi_lab")
+log = logging.getLogger(__name__)
 
 AGENT_ID = "pi-lab"
 PROVIDER_NAME = "gateway"
