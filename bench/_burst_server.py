@@ -32,6 +32,8 @@ from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 
 
 class BurstRuntime:
+    bus: Any = None  # the gateway's event bus, set once the app is made (to wait for subscribers)
+
     agent_id = "burst"
     display_name = "Burst (benchmark)"
     provider = "bench"
@@ -48,7 +50,7 @@ class BurstRuntime:
         stamp = bool(options.get("stamp"))
         subscribers = int(options.get("subscribers", 0))
         if subscribers:
-            bus = turn.services["gateway"].bus
+            bus = self.bus
             topic = turn.run.host_run_id
             while bus.subscriber_count(topic) < subscribers:  # noqa: ASYNC110 (the bus has no hook)
                 await asyncio.sleep(0.005)  # polling a bench-only precondition
@@ -97,6 +99,7 @@ async def main(data_dir: str, storage_url: str) -> None:
         overrides["gateway"]["journal_batch_events"] = int(experiment["batch"])
     config = Config.load(None, env={}, overrides=overrides)
     app = create_app(config, PluginHost.load(env={}, extra=(BurstPlugin(),)))
+    BurstRuntime.bus = app[GATEWAY_KEY].bus
     if "null-storage" in experiment:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
     if "burst-publish" in experiment:

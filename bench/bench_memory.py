@@ -65,8 +65,8 @@ async def _serve(data_dir: str, base_url: str, trace: bool) -> None:
     from agent_gateway.app import GATEWAY_KEY, create_app
     from agent_gateway.cli import tune_gc_for_serving
     from agent_gateway.config import Config
-    from agent_gateway.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
     from agent_gateway.plugin_host import PluginHost
+    from agent_gateway.server.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
 
     if trace:
         tracemalloc.start(8)

@@ -53,12 +53,14 @@ async def serve(data_dir: str, deltas: int) -> None:
     from aiohttp import web
 
     from agent_gateway import RuntimePolicy, Turn, TurnOutcome, hookimpl
-    from agent_gateway.app import create_app
+    from agent_gateway.app import GATEWAY_KEY, create_app
     from agent_gateway.cli import tune_gc_for_serving
     from agent_gateway.config import Config
     from agent_gateway.plugin_host import PluginHost
 
     class BurstRuntime:
+        bus: Any = None  # the gateway's event bus, set once the app is made (to wait for subscribers)
+
         agent_id = AGENT
         display_name = "Burst (benchmark)"
         provider = "bench"
@@ -69,7 +71,7 @@ async def serve(data_dir: str, deltas: int) -> None:
 
         async def run_turn(self, turn: Turn) -> TurnOutcome:
             # Every mode streams live from the first delta: wait for the stream's subscription.
-            bus, topic = turn.services["gateway"].bus, turn.run.host_run_id
+            bus, topic = BurstRuntime.bus, turn.run.host_run_id
             for _ in range(10_000):
                 if bus.subscriber_count(topic):
                     break
@@ -91,6 +93,7 @@ async def serve(data_dir: str, deltas: int) -> None:
 
     config = Config.load(None, env={}, overrides={"gateway": {"data_dir": data_dir}})
     app = create_app(config, PluginHost.load(env={}, extra=(BurstPlugin(),)))  # openai_compat: its entry point
+    BurstRuntime.bus = app[GATEWAY_KEY].bus
     runner = web.AppRunner(app, handle_signals=True, access_log=None)
     await runner.setup()
     tune_gc_for_serving()

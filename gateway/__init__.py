@@ -27,8 +27,8 @@ _EXPORTS: dict[str, str] = {
     "SessionPlan": "agent_gateway.runtime",
     "SessionStrategy": "agent_gateway.sessions",
     "TranscriptStrategy": "agent_gateway.sessions",
-    "yield_slice": "agent_gateway.fairness",
-    "WorkSlices": "agent_gateway.fairness",
+    "yield_slice": "agent_gateway.server.fairness",
+    "WorkSlices": "agent_gateway.server.fairness",
     # the generic ACP runtime
     "AcpAgentSpec": "agent_gateway.acp.runtime",
     "AcpRuntime": "agent_gateway.acp.runtime",
@@ -43,9 +43,11 @@ _EXPORTS: dict[str, str] = {
     "Storage": "agent_gateway.storage",
     "Config": "agent_gateway.config",
     "ApiError": "agent_gateway.errors",
-    "PluginError": "agent_gateway.plugin_host",
+    "PluginError": "agent_gateway.errors",
     # the door plugin routes go through (register_routes)
     "PluginRoutes": "agent_gateway.plugin_routes",
+    # what gateway_startup / gateway_shutdown get
+    "GatewayContext": "agent_gateway.lifecycle",
     # who is calling (the authenticate and authorize hooks)
     "Actor": "agent_gateway.auth",
     "bearer_token": "agent_gateway.auth",
@@ -78,6 +80,7 @@ _EXPORTS: dict[str, str] = {
     # several instances on one database (the cluster_coordinator hook)
     "Coordinator": "agent_gateway.cluster",
     "NotOwner": "agent_gateway.cluster",
+    "ClusterInstance": "agent_gateway.cluster",
     # confining agent processes (the sandbox_agent hook)
     "AgentLaunch": "agent_gateway.sandbox",
     "SandboxedCommand": "agent_gateway.sandbox",
@@ -121,6 +124,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "ApiError",
     "PluginError",
     "PluginRoutes",
+    "GatewayContext",
     "Actor",
     "bearer_token",
     "SHORT_REPLY_WARNING",
@@ -150,6 +154,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "read_json",
     "Coordinator",
     "NotOwner",
+    "ClusterInstance",
     "AgentLaunch",
     "SandboxedCommand",
     "SandboxUnavailable",
@@ -167,12 +172,12 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
     from agent_gateway.auth import Actor, bearer_token
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
-    from agent_gateway.cluster import Coordinator, NotOwner
+    from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner
     from agent_gateway.config import Config
     from agent_gateway.environment import agent_environment
-    from agent_gateway.errors import ApiError, read_json
-    from agent_gateway.fairness import WorkSlices, yield_slice
+    from agent_gateway.errors import ApiError, PluginError, read_json
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl
+    from agent_gateway.lifecycle import GatewayContext
     from agent_gateway.models import Event, Run, now_ms
     from agent_gateway.paths import (
         PathError,
@@ -183,7 +188,6 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         resolve_path,
         write_file_atomically,
     )
-    from agent_gateway.plugin_host import PluginError
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy, SessionPlan, Turn, TurnOutcome
     from agent_gateway.sandbox import (
@@ -196,6 +200,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
         program_paths,
         write_home_file,
     )
+    from agent_gateway.server.fairness import WorkSlices, yield_slice
     from agent_gateway.sessions import (
         SHORT_REPLY_WARNING,
         SessionStrategy,

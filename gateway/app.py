@@ -9,41 +9,47 @@ import re
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from agent_gateway.allocator import HeapTrimmer
 from agent_gateway.auth import ACTOR_ID, AUTH_KEY, IDENTITY, Actor, Auth
 from agent_gateway.browser_guard import BrowserGuard, guard_from_config
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
 from agent_gateway.config import Config, redact_url, section_specs_from_hook
+from agent_gateway.descriptors import AgentAvailability, Descriptors
 from agent_gateway.errors import ERROR_SHAPES, ApiError, error_response, json_error
 from agent_gateway.files import FS_TOOLS, AgentFiles
 from agent_gateway.journal import Journal
-from agent_gateway.loop_monitor import LoopLagMonitor
+from agent_gateway.lifecycle import GatewayContext
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp import http as mcp_http
+from agent_gateway.mcp.surface import McpSurface
 from agent_gateway.mcp.wiring import mcp_servers_for
+from agent_gateway.models import Event, Run
 from agent_gateway.plugin_host import PluginError, PluginHost
-from agent_gateway.plugin_routes import PluginRoutes
+from agent_gateway.plugin_routes import PluginRoutes, PluginRoutesDeps
+from agent_gateway.preferences import Preferences
 from agent_gateway.retention import StorageMaintenance
 from agent_gateway.routes import agents, console, metrics, receipts, runs, system, workspaces
 from agent_gateway.routes import preferences as preferences_routes
 from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.runs import RunManager
-from agent_gateway.runtime import Runtime
+from agent_gateway.runtime import Runtime, TurnServices
 from agent_gateway.sandbox import Sandbox
 from agent_gateway.sandbox.egress import SandboxNetwork
-from agent_gateway.sse import StreamStats
+from agent_gateway.server.allocator import HeapTrimmer
+from agent_gateway.server.loop_monitor import LoopLagMonitor
+from agent_gateway.sse import Streams, StreamStats
 from agent_gateway.tools import ToolFacade
 from agent_gateway.watcher import Watcher
 from agent_gateway.webhooks import Webhooks
 from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.app")
+T = TypeVar("T")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC_PATHS = frozenset({"/v1/health", "/openapi.json", MCP_PATH, *console.PUBLIC_PATHS})
@@ -55,6 +61,67 @@ STREAMS_CLOSE_SECONDS = 2.0  # at shutdown, for streams to write their last even
 
 class StartupError(Exception):
     """The gateway could not start (storage could not be opened, ...): a one-line reason."""
+
+
+class LocalInstance:
+    """What the cluster coordinator may use of this gateway instance
+    (:class:`agent_gateway.cluster.ClusterInstance`)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        journal: Journal,
+        runs: RunManager,
+        executor: ThreadPoolExecutor,
+        base_url: Callable[[], str | None],
+    ) -> None:
+        self._bus = bus
+        self._journal = journal
+        self._runs = runs
+        self._executor = executor
+        self._base_url = base_url
+
+    @property
+    def base_url(self) -> str | None:
+        return self._base_url()
+
+    def publish(self, topic: str, events: list[Event]) -> None:
+        self._bus.publish_many(topic, events)
+
+    def has_streams(self, topic: str) -> bool:
+        return self._bus.subscriber_count(topic) > 0
+
+    def resync(self, topic: str | None = None) -> None:
+        self._bus.resync((lambda t: True) if topic is None else (lambda t: t == topic))
+
+    async def create_run(self, actor_id: str, body: Any) -> tuple[Run, bool]:
+        return await self._runs.create(actor_id, body)
+
+    async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
+        return await self._runs.cancel(host_run_id, actor_id)
+
+    async def resolve_permission(self, host_run_id: str, actor_id: str, request_id: str, option_id: Any) -> None:
+        await self._runs.resolve_permission(host_run_id, actor_id, request_id, option_id)
+
+    def active_run_ids(self) -> list[str]:
+        return [run.host_run_id for run in self._runs.active_runs()]
+
+    def abandon_runs(self) -> None:
+        self._runs.abandon()
+
+    async def flush_journal(self) -> None:
+        await self._journal.flush()
+
+    @property
+    def journal_pending(self) -> int:
+        return self._journal.pending
+
+    @property
+    def fenced_events(self) -> int:
+        return self._journal.fenced
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
 
 class Gateway:
@@ -147,21 +214,17 @@ class Gateway:
         if self.auth.authorizing:
             self.tools.authorize = self.auth.tool_call_allowed
         self.stream_stats = StreamStats()
-        # What runtimes may use through `turn.services` (no runtime imports the app).
-        self.services: dict[str, Any] = {
-            "config": config,
-            "plugins": plugins,
-            "gateway": self,
-            "data_dir": self.data_dir,
-            "workspace_roots": config.workspace_roots,
-            "tools": self.tools,
-            "files": AgentFiles(self.tools),
-        }
-        self.services["mcp_servers_for"] = mcp_servers_for(self)
+        # Where agents call back (MCP). Never taken from a request's Host header: the configured
+        # public URL, else the launcher sets the listening URL, else (an embedding app's own
+        # runner) the local address of the first accepted connection.
+        self.public_url: str | None = str(gw["public_url"]).rstrip("/") or None
+        self.files = AgentFiles(self.tools)
+        # The MCP surface agents reach the tools through (its leases resolve against active runs).
+        self.mcp = McpSurface(self.tools, lambda: self.runs.active_runs(), lambda: self.public_url)
         # Agent processes start confined ([sandbox]): their network reaches the gateway only through
         # sockets of its own (an allow-listing egress proxy, and an MCP-only server).
         mcp_only = web.Application(client_max_size=self.max_body_bytes)
-        mcp_http.setup(mcp_only, self)
+        mcp_http.setup(mcp_only, self.mcp)
         self.sandbox_network = SandboxNetwork(mcp_only)
         self.sandbox = Sandbox(
             config.section("sandbox"),
@@ -171,12 +234,39 @@ class Gateway:
             egress=self.sandbox_network.open_egress,
             mcp_socket=self.sandbox_network.mcp_socket,
         )
-        self.services["sandbox"] = self.sandbox
-        # Where agents call back (MCP). Never taken from a request's Host header: the configured
-        # public URL, else the launcher sets the listening URL, else (an embedding app's own
-        # runner) the local address of the first accepted connection. The key is always present,
-        # so nothing may fill it in with `setdefault` from a request.
-        self.services["base_url"] = str(gw["public_url"]).rstrip("/") or None
+        # What every turn is lent (Turn.data_dir, .sandbox, .mcp_servers(), ...): no runtime imports the app.
+        self.turn_services = TurnServices(
+            data_dir=self.data_dir,
+            workspace_roots=config.workspace_roots,
+            sandbox=self.sandbox,
+            tools=self.tools,
+            files=self.files,
+            base_url=lambda: self.public_url,
+            mcp_servers_for=mcp_servers_for(self.mcp),
+            negotiate_runtime_policy=plugins.negotiate_runtime_policy,
+        )
+        # Agents' availability, believed for a few seconds (run creation and descriptors share it).
+        self.availability = AgentAvailability(self.runtimes, self.executor)
+        auth_section = config.section("auth")
+        admins = auth_section.get("admins") or []
+        # The agents' descriptors and the actors' preferences (one-way: preferences use descriptors).
+        self.descriptors = Descriptors(
+            self.runtimes,
+            self.tools.tools,
+            lambda: plugins.setting_fields(config),
+            self.executor,
+            self.availability,
+            auth_required=self.auth.required,
+            admins=admins if isinstance(admins, list) else [],
+        )
+        self.preferences = Preferences(
+            self.descriptors,
+            storage,
+            self.journal,
+            self.executor,
+            self.runtimes,
+            cached=not self.coordinator.clustered,  # another instance may write them
+        )
         self.runs = RunManager(
             storage,
             self.journal,
@@ -184,7 +274,10 @@ class Gateway:
             strategies,
             self.executor,
             run_timeout=float(gw["run_timeout_seconds"]),
-            services=self.services,
+            turn_services=self.turn_services,
+            tools=self.tools,
+            disabled_capabilities=self.preferences.disabled_capabilities,
+            trace_run=lambda run, name, headers: plugins.trace_run(run, name, headers, config),
             max_queued_per_session=int(gw["max_queued_runs_per_session"]),
             max_active_per_actor=int(gw["max_active_runs_per_actor"]),
             multitask_strategy=str(gw["multitask_strategy"]),
@@ -193,20 +286,29 @@ class Gateway:
             max_actor_journal_bytes_per_day=int(gw["max_actor_journal_bytes_per_day"]),
             workspace_access=self.workspace_access,
             coordinator=self.coordinator,
+            availability=self.availability,
         )
         # Run webhooks ([webhooks]): deliveries from the journal's outbox, after each run ends.
         self.webhooks = Webhooks(config.section("webhooks"), storage, self.executor)
         if self.webhooks.enabled:
             self.runs.webhook_url = self.webhooks.url_for
             self.runs.listeners.append(self.webhooks.run_changed)
-        self.watcher = Watcher(self)
+        # The workspaces' files.changed streams: told of facade writes and of run changes.
+        self.watcher = Watcher(self.journal, config.workspace_roots, self.executor, self.runs.active_runs)
+        self.tools.write_observers.append(self.watcher)
+        self.runs.listeners.append(self.watcher.run_changed)
+        self.streams = Streams(
+            self.journal, self.bus, self.stream_capacity, self.heartbeat, self.stream_stats, self.stream_send_timeout
+        )
+        # What plugins' gateway_startup / gateway_shutdown get (never the aiohttp application).
+        self.context = GatewayContext(config, self.data_dir, _base_url=lambda: self.public_url)
         # Freed heap pages go back to the system after runs end: RSS settles between runs.
         self.heap_trimmer = HeapTrimmer(None, lambda: len(self.runs.active_runs()))
         self.runs.listeners.append(self.heap_trimmer.after_run)
 
     def set_public_url(self, url: str) -> None:
         """The base URL agents' MCP clients call back on (see ``[gateway] public_url``)."""
-        self.services["base_url"] = url.rstrip("/")
+        self.public_url = url.rstrip("/")
 
     def learn_listening_address(self, request: web.Request) -> None:
         """With no public URL yet, take the local address the connection was accepted on (the
@@ -227,7 +329,9 @@ class Gateway:
                 + " ".join(str(exc).split())
             ) from exc
         await self.journal.start()
-        await self.coordinator.start(self)
+        await self.coordinator.start(
+            LocalInstance(self.bus, self.journal, self.runs, self.executor, lambda: self.public_url)
+        )
         self.loop_monitor.start()
         interrupted = await self.runs.recover()
         await self.watcher.start()
@@ -235,7 +339,7 @@ class Gateway:
         await self.webhooks.start()  # after `recover`: runs a crash left active now have their end
         if interrupted:
             log.warning("marked %d run(s) left active by a previous process as interrupted", interrupted)
-        await self.plugins.startup(app)
+        await self.plugins.startup(self.context)
 
     async def drain(self, app: web.Application | None = None) -> None:
         """The first step of stopping, before the server waits for request handlers: refuse new
@@ -272,7 +376,7 @@ class Gateway:
             except Exception:
                 log.exception("runtime %s failed to close", runtime.agent_id)
         await self.sandbox_network.close()
-        await self.plugins.shutdown(app)
+        await self.plugins.shutdown(self.context)
         if self.plugin_routes is not None:
             await self.plugin_routes.shutdown()
         await self.maintenance.stop()
@@ -317,7 +421,7 @@ def _check_host(request: web.Request) -> None:
 def _authenticate(gateway: Gateway, request: web.Request) -> Actor | Awaitable[Actor] | None:
     """The caller of ``request`` (the ``authenticate`` hooks; 401 when nobody vouches for it), or
     None on public paths."""
-    if gateway.services.get("base_url") is None:
+    if gateway.public_url is None:
         gateway.learn_listening_address(request)
     if request.path in PUBLIC_PATHS or (request.path == METRICS_PATH and gateway.public_metrics):
         return None
@@ -379,18 +483,62 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
     app.on_response_prepare.append(guard.add_cors_headers)
     app[GATEWAY_KEY] = gateway
     app[AUTH_KEY] = gateway.auth
-    plugin_routes = gateway.plugin_routes = PluginRoutes(gateway, app.router)
+    gw = gateway
+    plugin_routes = gateway.plugin_routes = PluginRoutes(
+        PluginRoutesDeps(
+            gw.auth,
+            config,
+            gw.preferences,
+            gw.runs,
+            gw.journal,
+            gw.streams,
+            gw.workspace_access,
+            gw.runtimes,
+            gw.tools,
+            gw.executor,
+        ),
+        app.router,
+    )
     app[ERROR_SHAPES] = plugin_routes.error_shapes
-    runs.setup(app, gateway)
-    agents.setup(app, gateway)
-    system.setup(app, gateway, plugin_routes.openapi_paths)
-    receipts.setup(app, gateway)
-    metrics.setup(app, gateway)
-    workspaces.setup(app, gateway)
-    mcp_http.setup(app, gateway)
-    preferences_routes.setup(app, gateway)
-    sessions_routes.setup(app, gateway)
-    console.setup(app, gateway)
+    runs.setup(
+        app,
+        runs.RunRoutesDeps(
+            gw.auth, gw.runs, gw.journal, gw.streams, gw.preferences, gw.projections, gw.webhooks, gw.executor
+        ),
+    )
+    agents.setup(app, gw.auth, gw.runtimes, gw.preferences)
+    system_sources = system.SystemSources(
+        gw.runtimes,
+        gw.projections,
+        gw.auth.required,
+        gw.public_metrics,
+        gw.descriptors,
+        gw.storage,
+        gw.journal,
+        gw.executor,
+        gw.runs,
+        gw.coordinator,
+    )
+    system.setup(app, system_sources, plugin_routes.openapi_paths)
+    receipts.setup(app, gw.auth, gw.runs, gw.storage, gw.executor)
+    metric_sources = metrics.MetricSources(
+        gw.runs,
+        gw.runtimes,
+        gw.journal,
+        gw.bus,
+        gw.stream_stats,
+        gw.loop_monitor,
+        gw.coordinator,
+        gw.sandbox_network.counters,
+    )
+    metrics.setup(app, gw.auth, metric_sources)
+    workspaces.setup(app, gw.auth, gw.watcher, gw.workspace_access, gw.streams)
+    mcp_http.setup(app, gw.mcp)
+    preferences_routes.setup(app, gw.auth, gw.preferences)
+    sessions_routes.setup(
+        app, sessions_routes.SessionsDeps(gw.auth, gw.storage, gw.journal, gw.runs, gw.runtimes, gw.executor)
+    )
+    console.setup(app)
     plugins.register_routes(plugin_routes)  # after the core's: a plugin cannot take a core path
     plugin_routes.close()
     app.on_startup.append(gateway.start)

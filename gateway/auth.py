@@ -18,7 +18,7 @@ import inspect
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -28,7 +28,6 @@ from agent_gateway.workspace_access import workspace_not_found
 if TYPE_CHECKING:
     from agent_gateway.config import Config
     from agent_gateway.models import Run
-    from agent_gateway.plugin_host import PluginHost
     from agent_gateway.tools import ToolCall
 
 LOCAL_ACTOR = "local"
@@ -103,10 +102,22 @@ def run_resource(run: Run) -> dict[str, Any]:
     }
 
 
+class AuthHooks(Protocol):
+    """The hooks :class:`Auth` asks (the plugin host's ``authenticate`` and ``authorize`` facades)."""
+
+    def authentication_required(self, config: Config) -> bool: ...
+
+    def authorizes(self) -> bool: ...
+
+    def authenticate(self, request: web.Request, config: Config) -> Any: ...
+
+    async def authorize(self, actor: Actor, action: str, resource: dict[str, Any]) -> bool: ...
+
+
 class Auth:
     """Authentication and authorization for one gateway, decided once at start-up."""
 
-    def __init__(self, config: Config, plugins: PluginHost) -> None:
+    def __init__(self, config: Config, plugins: AuthHooks) -> None:
         self.plugins = plugins
         self.config = config
         # False: no authenticator is in use, every caller is the one local actor (loopback only).

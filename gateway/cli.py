@@ -20,10 +20,10 @@ from aiohttp import web
 
 from agent_gateway.app import GATEWAY_KEY, StartupError, create_app, is_loopback
 from agent_gateway.config import Config, ConfigError, check_problems, redact_url, section_specs_from_hook
-from agent_gateway.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
 from agent_gateway.logs import configure as configure_logging
 from agent_gateway.mcp.bridge import add_commands as add_mcp_commands
 from agent_gateway.plugin_host import PluginError, PluginHost
+from agent_gateway.server.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
 
 DEFAULT_URL_ENV = "AGENT_GATEWAY_URL"
 TOKEN_ENV = "AGENT_GATEWAY_TOKEN"

@@ -11,12 +11,80 @@ dead instance. The core calls it at a few points only (see ``docs/deployment.md`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
     from agent_gateway.models import Event, Run
     from agent_gateway.storage import Storage
+
+T = TypeVar("T")
+
+
+class ClusterInstance(Protocol):
+    """What a coordinator may use of the gateway instance it belongs to (handed to
+    :meth:`Coordinator.start`): publish events to this instance's streams or make them re-read,
+    run forwarded operations, and look at (or give up) this instance's own runs and journal.
+    Nothing else of the gateway is reachable from a coordinator."""
+
+    @property
+    def base_url(self) -> str | None:
+        """This instance's own URL (where other instances and agents reach it), None while unknown."""
+        ...
+
+    # -- publish and resync: this instance's streams
+    def publish(self, topic: str, events: list[Event]) -> None:
+        """Deliver ``events`` (one run's, in order, committed by another instance) to the streams
+        of ``topic`` (a run id) here."""
+        ...
+
+    def has_streams(self, topic: str) -> bool:
+        """Whether any stream here follows ``topic``."""
+        ...
+
+    def resync(self, topic: str | None = None) -> None:
+        """Make the streams of ``topic`` (every stream: None) re-read their run from storage."""
+        ...
+
+    # -- forward: operations another instance asked this one (the session's owner) to do
+    async def create_run(self, actor_id: str, body: Any) -> tuple[Run, bool]:
+        """Create a run as ``POST /v1/runs`` does; returns it and whether it is new."""
+        ...
+
+    async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
+        """Cancel a run as ``POST /v1/runs/{id}/cancel`` does."""
+        ...
+
+    async def resolve_permission(self, host_run_id: str, actor_id: str, request_id: str, option_id: Any) -> None:
+        """Answer a run's open permission request."""
+        ...
+
+    # -- this instance's runs and journal
+    def active_run_ids(self) -> list[str]:
+        """The runs executing on this instance."""
+        ...
+
+    def abandon_runs(self) -> None:
+        """Stop every active run without waiting (the lease is lost: their new owner ends them)."""
+        ...
+
+    async def flush_journal(self) -> None:
+        """Wait until every event appended so far is committed."""
+        ...
+
+    @property
+    def journal_pending(self) -> int:
+        """Events appended and not yet committed."""
+        ...
+
+    @property
+    def fenced_events(self) -> int:
+        """Events the journal dropped because a write raised :class:`NotOwner`."""
+        ...
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking call (a database query) on the gateway's storage executor."""
+        ...
 
 
 class NotOwner(Exception):
@@ -38,8 +106,9 @@ class Coordinator:
         """The storage the gateway uses (a cluster wraps it to fence writes)."""
         return storage
 
-    async def start(self, gateway: Gateway) -> None:
-        """The gateway's storage is open and its journal started; runs are not yet recovered."""
+    async def start(self, instance: ClusterInstance) -> None:
+        """The gateway's storage is open and its journal started; runs are not yet recovered.
+        ``instance`` is all a coordinator may use of this gateway instance."""
 
     async def stop(self) -> None:
         """The gateway stopped its runs; storage is still open."""

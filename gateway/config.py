@@ -13,10 +13,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agent_gateway.plugin_host import PluginHost
+from typing import Any, Protocol
 
 ENV_PREFIX = "AGENT_GATEWAY__"
 CONFIG_ENV = "AGENT_GATEWAY_CONFIG"
@@ -408,7 +405,15 @@ class Config:
             raise ConfigError(problems)
 
 
-def check_problems(config: Config, plugins: PluginHost) -> list[str]:
+class BackendHooks(Protocol):
+    """The hooks ``agent-gateway config check`` asks (the plugin host's facades)."""
+
+    def storage_backend(self, url: str, config: Config | None) -> Any: ...
+
+    def cluster_coordinator(self, config: Config) -> Any: ...
+
+
+def check_problems(config: Config, plugins: BackendHooks) -> list[str]:
     """Every problem ``agent-gateway config check`` reports, as ``origin: key: what is wrong``:
     the sections' keys, types and validators (plugins' sections included, once registered in
     `config`), whether a storage plugin takes ``[storage] url`` (without opening it), and whether
@@ -418,7 +423,7 @@ def check_problems(config: Config, plugins: PluginHost) -> list[str]:
     return problems + _storage_problems(config, plugins) + ([] if problems else _cluster_problems(config, plugins))
 
 
-def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
+def _storage_problems(config: Config, plugins: BackendHooks) -> list[str]:
     where = f"{config.where}: storage.url"
     try:
         storage = plugins.storage_backend(config.storage_url, config)
@@ -429,7 +434,7 @@ def _storage_problems(config: Config, plugins: PluginHost) -> list[str]:
     return []
 
 
-def _cluster_problems(config: Config, plugins: PluginHost) -> list[str]:
+def _cluster_problems(config: Config, plugins: BackendHooks) -> list[str]:
     try:
         plugins.cluster_coordinator(config)
     except Exception as exc:  # the plugin's own one-line reason

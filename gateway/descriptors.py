@@ -23,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+    from agent_gateway.tools import Tool
 
 log = logging.getLogger("agent_gateway.descriptors")
 
@@ -157,19 +157,26 @@ class AgentStatic:
 
 
 class DescriptorRegistry:
-    """The static part of every descriptor, built once per gateway (see :func:`registry_for`)."""
+    """The static part of every descriptor, built once per gateway (see :meth:`Descriptors.registry`)."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-        self.tools = gateway.tools.tools
+    def __init__(
+        self,
+        runtimes: Mapping[str, Any],
+        tools: Mapping[str, Tool],
+        declared: Iterable[Mapping[str, Any]] = (),
+        availability: AgentAvailability | None = None,
+    ) -> None:
+        self.runtimes = runtimes
+        self.tools = tools
+        # Where each descriptor's availability is kept for run creation too.
+        self.availability = availability
         tool_caps = sorted({c for t in self.tools.values() for c in t.capability_ids})
-        declared = _declared_fields(gateway)
         self.agents: dict[str, AgentStatic] = {}
         self.common: list[FieldSpec] = []
-        agent_ids = sorted(gateway.runtimes)
+        agent_ids = sorted(runtimes)
         all_caps: set[str] = set(tool_caps)
         for agent_id in agent_ids:
-            runtime = gateway.runtimes[agent_id]
+            runtime = runtimes[agent_id]
             described = _describe(runtime)
             own = [c for c in described.get("capabilities") or [] if isinstance(c, str)]
             access = described.get("toolAccess")
@@ -278,14 +285,13 @@ class DescriptorRegistry:
     def _availability(self, agent_id: str, described: Mapping[str, Any]) -> dict[str, Any]:
         """The descriptor's availability, kept for run creation too (it was just computed)."""
         availability = availability_of(described)
-        runs = getattr(self.gateway, "runs", None)
-        if runs is not None:
-            runs.availability.store(agent_id, availability)
+        if self.availability is not None:
+            self.availability.store(agent_id, availability)
         return availability
 
     # -- the descriptor ----------------------------------------------------------------------------
     def describe(self, agent_id: str, values: Mapping[str, Any], *, admin: bool) -> dict[str, Any]:
-        runtime = self.gateway.runtimes[agent_id]
+        runtime = self.runtimes[agent_id]
         static = self.agents[agent_id]
         described = _describe(runtime)
         states = self.capability_states(agent_id, values)
@@ -393,51 +399,59 @@ def _describe(runtime: Any) -> dict[str, Any]:
     return dict(described) if isinstance(described, Mapping) else {}
 
 
-def _declared_fields(gateway: Gateway) -> list[dict[str, Any]]:
-    """Fields from the ``register_setting_fields`` hook."""
-    return [f for f in gateway.plugins.setting_fields(gateway.config) if isinstance(f, Mapping)]
+class Descriptors:
+    """The descriptors of one gateway's agents: the registry (built once, off the event loop:
+    ``describe()`` may look up binaries; it never waits on an agent process) and who is an admin."""
 
+    def __init__(
+        self,
+        runtimes: Mapping[str, Any],
+        tools: Mapping[str, Tool],
+        declared_fields: Callable[[], Iterable[Any]],
+        executor: Executor,
+        availability: AgentAvailability | None = None,
+        *,
+        auth_required: bool,
+        admins: Iterable[str] = (),
+    ) -> None:
+        self.runtimes = runtimes
+        self.tools = tools
+        self._declared_fields = declared_fields  # the `register_setting_fields` hook
+        self.executor = executor
+        self.availability = availability
+        self.auth_required = auth_required
+        self.admins = frozenset(admins)
+        self._registry: DescriptorRegistry | None = None
+        self._building = asyncio.Lock()
 
-_registries: weakref.WeakKeyDictionary[Any, DescriptorRegistry] = weakref.WeakKeyDictionary()
-_building: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+    def _build(self) -> DescriptorRegistry:
+        declared = [f for f in self._declared_fields() if isinstance(f, Mapping)]
+        return DescriptorRegistry(self.runtimes, self.tools, declared, self.availability)
 
+    async def registry(self) -> DescriptorRegistry:
+        found = self._registry
+        if found is not None:
+            return found
+        async with self._building:
+            if self._registry is None:
+                self._registry = await asyncio.get_running_loop().run_in_executor(self.executor, self._build)
+        return self._registry
 
-async def registry_for(gateway: Gateway) -> DescriptorRegistry:
-    """The gateway's registry, built once, off the event loop (``describe()`` may look up binaries;
-    it never waits on an agent process: ACP version probes run in the background)."""
-    found = _registries.get(gateway)
-    if found is not None:
-        return found
-    lock = _building.setdefault(gateway, asyncio.Lock())
-    async with lock:
-        found = _registries.get(gateway)
-        if found is None:
-            loop = asyncio.get_running_loop()
-            found = await loop.run_in_executor(gateway.executor, DescriptorRegistry, gateway)
-            _registries[gateway] = found
-    return found
+    def is_admin(self, actor_id: str) -> bool:
+        """Admins are listed in ``[auth] admins``; with no authentication configured, the one
+        local actor is."""
+        return not self.auth_required or actor_id in self.admins
 
+    async def describe(
+        self, actor_id: str, values: Mapping[str, Any], agent_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The descriptors ``actor_id`` sees (every agent's, or ``agent_id``'s), given the actor's
+        preference ``values``."""
+        registry = await self.registry()
+        admin = self.is_admin(actor_id)
+        ids = [agent_id] if agent_id is not None else sorted(self.runtimes)
 
-def is_admin(gateway: Gateway, actor_id: str) -> bool:
-    """Admins are listed in ``[auth] admins``; with no authentication configured, the one local
-    actor is."""
-    config = gateway.config
-    if not gateway.auth.required:
-        return True
-    admins = config.section("auth").get("admins") or []
-    return isinstance(admins, list) and actor_id in admins
+        def build() -> list[dict[str, Any]]:
+            return [registry.describe(i, values, admin=admin) for i in ids]
 
-
-async def describe_agents(gateway: Gateway, actor_id: str, agent_id: str | None = None) -> list[dict[str, Any]]:
-    from agent_gateway.preferences import load_values
-
-    registry = await registry_for(gateway)
-    values = await load_values(gateway, actor_id)
-    admin = is_admin(gateway, actor_id)
-    ids = [agent_id] if agent_id is not None else sorted(gateway.runtimes)
-    loop = asyncio.get_running_loop()
-
-    def build() -> list[dict[str, Any]]:
-        return [registry.describe(i, values, admin=admin) for i in ids]
-
-    return await loop.run_in_executor(gateway.executor, build)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, build)

@@ -19,6 +19,10 @@ log = logging.getLogger("agent_gateway.http")
 STORAGE_RETRY_AFTER_S = 5
 
 
+class PluginError(Exception):
+    """A plugin could not be loaded or broke the contract."""
+
+
 class ApiError(Exception):
     def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
         super().__init__(message)

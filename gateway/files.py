@@ -88,7 +88,7 @@ FS_TOOLS = (
 
 
 class AgentFiles:
-    """What runtimes reach as `turn.services["files"]`."""
+    """What runtimes reach as `turn.files`."""
 
     def __init__(self, facade: ToolFacade) -> None:
         self.facade = facade

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 from pluggy import HookCaller, HookImpl, Result
 
+from agent_gateway.errors import PluginError
 from agent_gateway.hookspecs import PROJECT_NAME, SPEC_MODULES
 from agent_gateway.hookspecs.projection import Projection
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from agent_gateway.auth import Actor
     from agent_gateway.cluster import Coordinator
     from agent_gateway.config import Config
+    from agent_gateway.lifecycle import GatewayContext
     from agent_gateway.models import Run
     from agent_gateway.plugin_routes import PluginRoutes
     from agent_gateway.runtime import Runtime, RuntimePolicy
@@ -45,15 +47,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agent_gateway.plugin_host")
 
+__all__ = ["PluginError", "PluginHost", "PluginInfo"]
+
 ENTRY_POINT_GROUP = PROJECT_NAME
 # The distribution whose entry points are the built-in plugins (compared normalised, PEP 503).
 BUILTIN_DISTRIBUTION = "agent-gateway"
 LOAD_ENV = "AGENT_GATEWAY_LOAD_PLUGINS"
 TRACE_ENV = "AGENT_GATEWAY_TRACE_HOOKS"
-
-
-class PluginError(Exception):
-    """A plugin could not be loaded or broke the contract."""
 
 
 @dataclass(frozen=True)
@@ -241,13 +241,13 @@ class PluginHost:
                 allowed = False
         return allowed
 
-    async def startup(self, app: web.Application) -> None:
-        for result in self.pm.hook.gateway_startup(app=app):
+    async def startup(self, context: GatewayContext) -> None:
+        for result in self.pm.hook.gateway_startup(context=context):
             if inspect.isawaitable(result):
                 await result
 
-    async def shutdown(self, app: web.Application) -> None:
-        for result in self.pm.hook.gateway_shutdown(app=app):
+    async def shutdown(self, context: GatewayContext) -> None:
+        for result in self.pm.hook.gateway_shutdown(context=context):
             if inspect.isawaitable(result):
                 await result
 

@@ -15,25 +15,27 @@ import inspect
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
-from agent_gateway.auth import Actor, identity
-from agent_gateway.errors import ErrorShape
-from agent_gateway.plugin_host import PluginError
-from agent_gateway.preferences import apply_run_defaults, load_values
-from agent_gateway.sse import RunEnded, stream_run
-from agent_gateway.workspace_access import workspace_not_found
+from agent_gateway.auth import Actor, Auth, identity
+from agent_gateway.errors import ErrorShape, PluginError
+from agent_gateway.preferences import Preferences
+from agent_gateway.sse import RunEnded, Streams, stream_run
+from agent_gateway.workspace_access import WorkspaceAccess, workspace_not_found
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
     from agent_gateway.config import Config
+    from agent_gateway.journal import Journal
     from agent_gateway.models import Event, Run
+    from agent_gateway.runs import RunManager
     from agent_gateway.runtime import Runtime
-    from agent_gateway.tools import Tool
+    from agent_gateway.tools import Tool, ToolFacade
 
 log = logging.getLogger("agent_gateway.plugin_routes")
 
@@ -56,14 +58,30 @@ def _shape(path: str) -> str:
     return _VARIABLE.sub("{}", path)
 
 
+@dataclass(frozen=True)
+class PluginRoutesDeps:
+    """What :class:`PluginRoutes` reads of the gateway (the gateway builds it; plugins never see it)."""
+
+    auth: Auth
+    config: Config
+    preferences: Preferences
+    runs: RunManager
+    journal: Journal
+    streams: Streams
+    workspace_access: WorkspaceAccess
+    runtimes: Mapping[str, Runtime]
+    tools: ToolFacade
+    executor: Executor
+
+
 class PluginRoutes:
     """What ``register_routes(routes)`` gets; see docs/hooks.md.
 
     Requests reach a plugin's handlers authenticated: :meth:`actor` is the caller. Raise
     :class:`agent_gateway.ApiError` for the gateway's JSON error shape."""
 
-    def __init__(self, gateway: Gateway, router: web.UrlDispatcher) -> None:
-        self._gateway = gateway
+    def __init__(self, deps: PluginRoutesDeps, router: web.UrlDispatcher) -> None:
+        self._deps = deps
         self._router = router
         self._openapi: dict[str, dict[str, Any]] = {}
         self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
@@ -98,7 +116,7 @@ class PluginRoutes:
             raise PluginError(f"route {method} {path}: plugin routes live under {PLUGIN_PREFIX}<plugin area>/")
         if self._serves(method, path):
             raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
-        if self._gateway.auth.authorizing:  # only then: no extra frame per request otherwise
+        if self._deps.auth.authorizing:  # only then: no extra frame per request otherwise
             handler = self._authorized(handler)
         if method == "GET":
             route = self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
@@ -118,7 +136,7 @@ class PluginRoutes:
 
     def _authorized(self, handler: Handler) -> Handler:
         """``handler`` behind ``authorize(actor, "routes:call", {"type": "route", ...})``."""
-        auth = self._gateway.auth
+        auth = self._deps.auth
 
         async def authorized(request: web.Request) -> web.StreamResponse:
             resource = request.match_info.route.resource
@@ -147,7 +165,7 @@ class PluginRoutes:
     @property
     def config(self) -> Config:
         """The loaded configuration: ``routes.config.section("<name>")``, ``.workspace_roots``."""
-        return self._gateway.config
+        return self._deps.config
 
     @staticmethod
     def actor(request: web.Request) -> str:
@@ -165,17 +183,17 @@ class PluginRoutes:
         """Ask the ``authorize`` hooks whether the caller of ``request`` may do ``action`` on
         ``resource``; a denial raises the 403 ``forbidden`` :class:`agent_gateway.ApiError`.
         Every plugin route is already checked as ``routes:call``; ask this for finer actions."""
-        auth = self._gateway.auth
+        auth = self._deps.auth
         if auth.authorizing:
             await auth.authorize(request, action, resource)
 
     async def preferences(self, actor_id: str) -> dict[str, Any]:
         """The actor's stored preference values (full keys, secrets included: server-side only)."""
-        return await load_values(self._gateway, actor_id)
+        return await self._deps.preferences.load_values(actor_id)
 
     async def run(self, host_run_id: str, actor_id: str) -> Run | None:
         """The run ``host_run_id`` if it belongs to ``actor_id``, else None (never another actor's)."""
-        return await self._gateway.runs.get(host_run_id, actor_id)
+        return await self._deps.runs.get(host_run_id, actor_id)
 
     async def create_run(self, request: web.Request, body: Mapping[str, Any]) -> tuple[Run, bool]:
         """Create a run for the caller of ``request`` from a ``POST /v1/runs`` body, exactly as that
@@ -184,10 +202,8 @@ class PluginRoutes:
         ``workspaces`` claim and the ``authorize`` hooks (``runs:create``) are asked. Refusals are
         :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
         actor = self.actor(request)
-        filled = await apply_run_defaults(self._gateway, actor, dict(body))
-        return await self._gateway.runs.create(
-            actor, filled, self._gateway.auth.run_create_check(request), request.headers
-        )
+        filled = await self._deps.preferences.apply_run_defaults(actor, dict(body))
+        return await self._deps.runs.create(actor, filled, self._deps.auth.run_create_check(request), request.headers)
 
     async def run_by_request(
         self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"
@@ -195,12 +211,12 @@ class PluginRoutes:
         """The run ``actor_id`` created with ``requestId`` ``request_id`` in that session and
         workspace (the idempotency key), or None; a run just created is found before its row is
         stored (which happens behind its first event)."""
-        return await self._gateway.runs.find_by_request(actor_id, session_id, workspace_id, request_id)
+        return await self._deps.runs.find_by_request(actor_id, session_id, workspace_id, request_id)
 
     async def events(self, run: Run, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """``run``'s journal events after ``after_seq`` (at most ``limit``), as ``/events`` pages them.
         Get ``run`` with :meth:`run` so it is the caller's."""
-        return await self._gateway.journal.read(run.host_run_id, after_seq, limit)
+        return await self._deps.journal.read(run.host_run_id, after_seq, limit)
 
     async def stream(
         self,
@@ -228,18 +244,12 @@ class PluginRoutes:
         Return the response from the handler as it is: the stream starts once aiohttp has sent
         its headers (from the response's ``write_eof``), so an open stream holds no frame of the
         handler or the middleware; do not write to it yourself."""
-        gateway = self._gateway
         return await stream_run(
             request,
             topic=run.host_run_id,
-            journal=gateway.journal,
-            bus=gateway.bus,
             after_seq=after_seq,
             is_finished=RunEnded(run),
-            capacity=gateway.stream_capacity,
-            heartbeat=gateway.heartbeat,
-            stats=gateway.stream_stats,
-            send_timeout=gateway.stream_send_timeout,
+            **self._deps.streams.options(),
             encode=encode,
             prelude=prelude,
             headers=headers,
@@ -251,14 +261,14 @@ class PluginRoutes:
         Raises :class:`agent_gateway.ApiError` 404 ``workspace_not_found`` when it is another actor's
         (``[workspaces] owners``, or the caller's ``workspaces`` claim): a route that names a
         workspace itself checks it here."""
-        self._gateway.workspace_access.require(self.actor(request), workspace_id)
-        if not self._gateway.auth.may_use_workspace(request, workspace_id):
+        self._deps.workspace_access.require(self.actor(request), workspace_id)
+        if not self._deps.auth.may_use_workspace(request, workspace_id):
             raise workspace_not_found(workspace_id)
-        return self._gateway.config.workspace_roots.get(workspace_id)
+        return self._deps.config.workspace_roots.get(workspace_id)
 
     def agent_ids(self) -> list[str]:
         """The ids of every registered runtime (what ``GET /v1/agents`` lists), sorted."""
-        return sorted(self._gateway.runtimes)
+        return sorted(self._deps.runtimes)
 
     async def availability(self, agent_id: str) -> dict[str, Any]:
         """Whether the registered agent ``agent_id`` can run here: ``{"available": bool, "reason":
@@ -266,15 +276,15 @@ class PluginRoutes:
         set). :meth:`create_run` refuses a run for an unavailable agent with a 503
         ``agent_unavailable`` :class:`agent_gateway.ApiError`; a route that lists agents omits or
         flags them. Cached for a few seconds: cheap to ask per request."""
-        return await self._gateway.runs.availability.get(agent_id)
+        return await self._deps.runs.availability.get(agent_id)
 
     def runtime(self, agent_id: str) -> Runtime | None:
         """The registered runtime of ``agent_id``, or None."""
-        return self._gateway.runtimes.get(agent_id)
+        return self._deps.runtimes.get(agent_id)
 
     def tool(self, name: str) -> Tool | None:
         """The registered tool ``name``, or None."""
-        return self._gateway.tools.tools.get(name)
+        return self._deps.tools.tools.get(name)
 
     async def call_tool(self, name: str, arguments: Any, run: Run, *, caller: str = "route") -> dict[str, Any]:
         """Call tool ``name`` within ``run``'s scope (its workspace, allowed roots and disabled
@@ -282,22 +292,22 @@ class PluginRoutes:
         Get ``run`` with :meth:`run` so it is the caller's. Raises :class:`agent_gateway.ToolError`, or
         :class:`agent_gateway.ApiError` 404 ``workspace_not_found`` when the run's actor may not use
         its workspace (``[workspaces] owners``)."""
-        self._gateway.workspace_access.require(run.actor_id, run.workspace_id)  # else a 404 ApiError
-        facade = self._gateway.tools
+        self._deps.workspace_access.require(run.actor_id, run.workspace_id)  # else a 404 ApiError
+        facade = self._deps.tools
         return await facade.call(name, arguments, facade.scope_for(run), caller=caller)
 
     async def cancel_run(self, host_run_id: str, actor_id: str) -> Run | None:
         """Cancel the run (as ``POST /v1/runs/{id}/cancel``); the run, or None if not ``actor_id``'s."""
-        return await self._gateway.runs.cancel(host_run_id, actor_id)
+        return await self._deps.runs.cancel(host_run_id, actor_id)
 
     async def wait_run(self, run: Run) -> Run:
         """Wait until ``run`` (got with :meth:`run`) has ended; its final record."""
-        await self._gateway.runs.wait(run.host_run_id)
-        return await self._gateway.runs.get(run.host_run_id, run.actor_id) or run
+        await self._deps.runs.wait(run.host_run_id)
+        return await self._deps.runs.get(run.host_run_id, run.actor_id) or run
 
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._gateway.executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._deps.executor, fn, *args)
 
     # -- for the core ---------------------------------------------------------------------------------
     @property

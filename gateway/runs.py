@@ -35,10 +35,11 @@ from agent_gateway.models import (
     Run,
     now_ms,
 )
-from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome
+from agent_gateway.runtime import Runtime, SessionPlan, Turn, TurnOutcome, TurnServices
 from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
 from agent_gateway.telemetry import NO_TRACE, RunTrace
+from agent_gateway.tools import ToolFacade
 from agent_gateway.webhooks import url_problem
 from agent_gateway.workspace_access import DEFAULT_WORKSPACE, WorkspaceAccess
 
@@ -219,13 +220,17 @@ class RunManager:
         *,
         run_timeout: float = 3600.0,
         cancel_grace: float = 10.0,
-        services: dict[str, Any] | None = None,
+        turn_services: TurnServices | None = None,
+        tools: ToolFacade | None = None,
+        disabled_capabilities: Callable[[str, str], Awaitable[frozenset[str]]] | None = None,
+        trace_run: Callable[[Run, str, Mapping[str, str]], RunTrace | None] | None = None,
         max_queued_per_session: int = 16,
         max_active_per_actor: int = 64,
         max_run_journal_bytes: int = 0,
         max_actor_journal_bytes_per_day: int = 0,
         workspace_access: WorkspaceAccess | None = None,
         coordinator: Coordinator | None = None,
+        availability: AgentAvailability | None = None,
         multitask_strategy: str = "enqueue",
         multitask_strategy_by_agent: dict[str, str] | None = None,
     ) -> None:
@@ -238,7 +243,14 @@ class RunManager:
         self.executor = executor
         self.run_timeout = run_timeout
         self.cancel_grace = cancel_grace
-        self.services = services if services is not None else {}
+        # What every turn is lent (Turn.data_dir, .sandbox, .mcp_servers(), ...).
+        self.turn_services = turn_services
+        # The tool facade: each run's switched-off capabilities (`disabled_capabilities`, from the
+        # actor's preferences when the run starts) are kept there while it is active.
+        self.tools = tools
+        self.disabled_capabilities = disabled_capabilities
+        # The `trace_run` hook (a tracing plugin follows the run), if any.
+        self.trace_run = trace_run
         self.max_queued_per_session = max_queued_per_session
         self.max_active_per_actor = max_active_per_actor
         self.multitask_strategy = multitask_strategy
@@ -252,7 +264,7 @@ class RunManager:
         self._actor_journal_bytes: dict[str, int] = {}
         self.workspace_access = workspace_access or WorkspaceAccess()
         # Whether an agent can run at all (its binary, its upstream), believed for a few seconds.
-        self.availability = AgentAvailability(runtimes, executor)
+        self.availability = availability or AgentAvailability(runtimes, executor)
         self._active: dict[str, ActiveRun] = {}
         # Runs admitted but not yet in `_active` (their request key is being looked up), by (actor, session).
         self._admitting: Counter[tuple[str, str]] = Counter()
@@ -414,12 +426,11 @@ class RunManager:
     def _trace(self, run: Run, runtime: Runtime, headers: Mapping[str, str] | None) -> RunTrace:
         """Ask a tracing plugin to follow the new run; its trace id goes into the receipt (kept
         in the stored request, so no schema change: ``Run.trace_id``)."""
-        plugins, config = self.services.get("plugins"), self.services.get("config")
-        if plugins is None or config is None:
+        if self.trace_run is None:
             return NO_TRACE
         try:
             name = str(getattr(runtime, "display_name", None) or run.agent_id)
-            trace = plugins.trace_run(run, name, headers if headers is not None else {}, config)
+            trace = self.trace_run(run, name, headers if headers is not None else {})
         except Exception:
             log.exception("the trace_run hook failed for run %s", run.host_run_id)
             return NO_TRACE
@@ -666,7 +677,7 @@ class RunManager:
             state,
             save_state,
             on_session_mode,
-            services=self.services,
+            services=self.turn_services,
             ask_permission=ask_permission,
             update_receipt=update_receipt,
             emit_nowait=functools.partial(self.journal.append_nowait, run.host_run_id),
@@ -767,12 +778,10 @@ class RunManager:
 
     async def _resolve_capabilities(self, run: Run) -> None:
         """Which capabilities are off for this run, from the actor's preferences now."""
-        gateway, tools = self.services.get("gateway"), self.services.get("tools")
-        if gateway is None or tools is None:
+        if self.tools is None or self.disabled_capabilities is None:
             return
-        from agent_gateway.preferences import disabled_capabilities_for
-
-        tools.disabled_by_run[run.host_run_id] = await disabled_capabilities_for(gateway, run.actor_id, run.agent_id)
+        disabled = await self.disabled_capabilities(run.actor_id, run.agent_id)
+        self.tools.disabled_by_run[run.host_run_id] = disabled
 
     def _observe(self, event: Any) -> None:
         """Note tool calls and changed files of active runs (summaries only, bounded), and follow
@@ -911,8 +920,8 @@ class RunManager:
             log.exception("could not store the end of run %s; it will be repaired on read", run.host_run_id)
         finally:
             self._active.pop(run.host_run_id, None)
-            if self.services.get("tools") is not None:
-                self.services["tools"].disabled_by_run.pop(run.host_run_id, None)
+            if self.tools is not None:
+                self.tools.disabled_by_run.pop(run.host_run_id, None)
             # The turn's callbacks (ask_permission) refer back to `active`: a cycle that only a full
             # collection (rare in a serving process) would free, holding the turn's text with it.
             active.turn = None

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import warnings
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from agent_gateway.journal import JournalFull
 from agent_gateway.models import TERMINAL_KINDS, Run
 from agent_gateway.telemetry import NO_TRACE, RunTrace
+
+if TYPE_CHECKING:
+    from agent_gateway.files import AgentFiles
+    from agent_gateway.sandbox import Sandbox
+    from agent_gateway.tools import ToolFacade
 
 # How earlier turns reach the agent: "agent_session" (the agent keeps them in its own session),
 # "transcript_rebuild" (the runtime resends the gateway's transcript each turn) or "none" (each
@@ -75,6 +82,32 @@ class SessionPlan:
 Emit = Callable[..., Awaitable[Any]]
 
 
+class McpServersFor(Protocol):
+    """The gateway's MCP server entries for one turn's agent (``session/new`` ``mcpServers``)."""
+
+    def __call__(self, turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class TurnServices:
+    """What the gateway lends every turn, read through :class:`Turn`'s attributes (built once by
+    the gateway; a runtime never builds one)."""
+
+    data_dir: Path = Path(".")
+    workspace_roots: Mapping[str, Path] = field(default_factory=dict)
+    sandbox: Sandbox | None = None
+    tools: ToolFacade | None = None
+    files: AgentFiles | None = None
+    # The gateway's own URL now (it may be learned after start-up), None while unknown.
+    base_url: Callable[[], str | None] = lambda: None
+    mcp_servers_for: McpServersFor | None = None
+    # The `negotiate_runtime_policy` hook.
+    negotiate_runtime_policy: Callable[[str, RuntimePolicy, dict[str, Any]], None] | None = None
+
+
+NO_SERVICES = TurnServices()
+
+
 class Turn:
     """One run as a runtime sees it. Created by the core; runtimes only read it and call
     `emit`, `set_session_mode`, `save_state`."""
@@ -87,7 +120,7 @@ class Turn:
         state: dict[str, Any],
         save_state: Callable[[dict[str, Any]], Awaitable[None]],
         on_session_mode: Callable[[str, dict[str, Any]], Awaitable[None]],
-        services: dict[str, Any] | None = None,
+        services: TurnServices | None = None,
         plan: SessionPlan | None = None,
         ask_permission: Callable[[dict[str, Any], list[dict[str, Any]], float | None], Awaitable[str | None]]
         | None = None,
@@ -103,7 +136,7 @@ class Turn:
         self._save_state = save_state
         self.plan = plan or SessionPlan("new_session")
         self._on_session_mode = on_session_mode
-        self.services = services or {}
+        self._services = services or NO_SERVICES
         self._ask_permission = ask_permission
         self._update_receipt = update_receipt
         # Whatever the session strategy prepared for the runtime (e.g. a live agent binding).
@@ -114,6 +147,83 @@ class Turn:
         self.trace: RunTrace = NO_TRACE
         self._text_parts: list[str] = []
         self.final_text: str | None = None
+
+    # -- what the gateway lends the turn --------------------------------------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        """The gateway's data directory (``[gateway] data_dir``)."""
+        return self._services.data_dir
+
+    @property
+    def workspace_roots(self) -> Mapping[str, Path]:
+        """Every configured workspace id to its folder (``[workspaces]``)."""
+        return self._services.workspace_roots
+
+    @property
+    def workspace_root(self) -> Path | None:
+        """The configured folder of this run's workspace; None when it has none."""
+        root = self._services.workspace_roots.get(self.run.workspace_id)
+        return Path(root) if root is not None else None
+
+    @property
+    def sandbox(self) -> Sandbox | None:
+        """The gateway's sandbox (``[sandbox]``): how agent processes are confined."""
+        return self._services.sandbox
+
+    @property
+    def tools(self) -> ToolFacade | None:
+        """The gateway's tool facade (``call(name, arguments, scope)``, ``scope_for(run)``)."""
+        return self._services.tools
+
+    @property
+    def files(self) -> AgentFiles | None:
+        """Reads and writes of the run's workspace files on the agent's behalf (the tool facade's
+        file tools, receipted): ``await turn.files.read_text(turn, path)``."""
+        return self._services.files
+
+    @property
+    def base_url(self) -> str | None:
+        """The gateway's own URL, where agents call back (its MCP server); None while unknown."""
+        return self._services.base_url()
+
+    def mcp_servers(self, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
+        """The gateway's own MCP server entries for this turn's agent (an HTTP entry when
+        ``policy.mcp_http``, else a stdio bridge), each with a lease bound to the turn's agent
+        binding; empty when the gateway has no tools or no URL. ``base_url``: where the agent
+        reaches the gateway from inside its sandbox (default: :attr:`base_url`)."""
+        provide = self._services.mcp_servers_for
+        if provide is None:
+            return []
+        return provide(self, policy, base_url=base_url) if base_url else provide(self, policy)
+
+    def negotiate_runtime_policy(self, agent_id: str, policy: RuntimePolicy, initialize_result: dict[str, Any]) -> None:
+        """Let plugins adjust ``policy`` from the agent's ``initialize`` answer (the
+        ``negotiate_runtime_policy`` hook)."""
+        negotiate = self._services.negotiate_runtime_policy
+        if negotiate is not None:
+            negotiate(agent_id, policy, initialize_result)
+
+    @property
+    def services(self) -> dict[str, Any]:
+        """Deprecated: the typed attributes above (``data_dir``, ``workspace_roots``, ``sandbox``,
+        ``tools``, ``files``, ``base_url``, ``mcp_servers``)."""
+        warnings.warn(
+            "Turn.services is deprecated: use turn.data_dir, turn.workspace_roots, turn.sandbox, turn.tools, "
+            "turn.files, turn.base_url and turn.mcp_servers(policy)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        s = self._services
+        return {
+            "data_dir": s.data_dir,
+            "workspace_roots": dict(s.workspace_roots),
+            "sandbox": s.sandbox,
+            "tools": s.tools,
+            "files": s.files,
+            "base_url": s.base_url(),
+            "mcp_servers_for": s.mcp_servers_for,
+        }
 
     @property
     def message(self) -> str:

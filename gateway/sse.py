@@ -21,15 +21,16 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import hdrs, web
 
 from agent_gateway.bus import Bus
-from agent_gateway.fairness import waiting_requests
-from agent_gateway.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
 from agent_gateway.journal import Journal, TailFrames
 from agent_gateway.models import Event, Run, sse_frames
+from agent_gateway.server.fairness import waiting_requests
+from agent_gateway.server.http_server import HandedOffConnection, JsonErrorRequestHandler, can_hand_off, hand_off
 from agent_gateway.storage import StorageUnavailable
 
 log = logging.getLogger("agent_gateway.http")
@@ -137,6 +138,29 @@ class RunEnded:
 
     def __call__(self) -> bool:
         return self.run.is_terminal
+
+
+@dataclass(frozen=True)
+class Streams:
+    """What every SSE stream of a gateway reads from (its journal and bus) and how it is paced; the
+    keyword arguments of :func:`stream_run` that are the same for every stream."""
+
+    journal: Journal
+    bus: Bus
+    capacity: int
+    heartbeat: float
+    stats: StreamStats
+    send_timeout: float
+
+    def options(self) -> dict[str, Any]:
+        return {
+            "journal": self.journal,
+            "bus": self.bus,
+            "capacity": self.capacity,
+            "heartbeat": self.heartbeat,
+            "stats": self.stats,
+            "send_timeout": self.send_timeout,
+        }
 
 
 class StreamStats:

@@ -41,7 +41,6 @@ from agent_gateway.workspace_access import WorkspaceAccess
 
 if TYPE_CHECKING:
     from agent_gateway.journal import Journal
-    from agent_gateway.plugin_host import PluginHost
     from agent_gateway.storage import Storage
 
 log = logging.getLogger("agent_gateway.tools")
@@ -405,11 +404,19 @@ def file_change(call: ToolCall, receipt: Mapping[str, Any]) -> dict[str, Any] | 
 # -- the facade ---------------------------------------------------------------------------------------
 
 
+class ToolHooks(Protocol):
+    """The hooks the facade calls (the plugin host's facades)."""
+
+    def tool_call_veto(self, call: ToolCall) -> str | None: ...
+
+    def tool_call_completed(self, call: ToolCall, receipt: dict[str, Any]) -> None: ...
+
+
 class ToolFacade:
     def __init__(
         self,
         tools: list[Tool],
-        plugins: PluginHost | None,
+        plugins: ToolHooks | None,
         storage: Storage,
         executor: Executor | None,
         journal: Journal | None,

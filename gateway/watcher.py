@@ -31,7 +31,8 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +43,7 @@ from agent_gateway.models import Run
 from agent_gateway.paths import allowed_roots_of
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+    from agent_gateway.journal import Journal
     from agent_gateway.tools import ToolCall
 
 log = logging.getLogger("agent_gateway.watcher")
@@ -101,20 +102,26 @@ class _Watch:
 
 class Watcher:
     """Construct once per app (``Gateway.__init__``), ``await start()`` after the journal started,
-    ``await stop()`` before it closes."""
+    ``await stop()`` before it closes. The gateway makes it a write observer of the tool facade
+    (``facade_write_started`` / ``facade_write_ended``) and a listener of run changes
+    (:meth:`run_changed`)."""
 
     def __init__(
         self,
-        gateway: Gateway,
+        journal: Journal,
+        workspace_roots: Mapping[str, Path],
+        executor: Executor,
+        active_runs: Callable[[], list[Run]],
         *,
         linger_seconds: float = 30.0,
         facade_window_seconds: float = 30.0,
         debounce_ms: int = 400,
         step_ms: int = 50,
     ) -> None:
-        self.gateway = gateway
-        self.journal = gateway.journal
-        self.workspace_roots: dict[str, Path] = dict(gateway.config.workspace_roots)
+        self.journal = journal
+        self.executor = executor
+        self._all_active_runs = active_runs
+        self.workspace_roots: dict[str, Path] = dict(workspace_roots)
         self._real_roots = {ws: os.path.realpath(path) for ws, path in self.workspace_roots.items()}
         self.linger = linger_seconds
         self.facade_window = facade_window_seconds
@@ -130,8 +137,6 @@ class Watcher:
         self._started = False
         self._rewatched = asyncio.Event()
         self.batches = 0
-        gateway.tools.write_observers.append(self)
-        gateway.runs.listeners.append(self._on_run)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -182,7 +187,7 @@ class Watcher:
 
     # -- runs -----------------------------------------------------------------------------------------
     def _active_runs(self, workspace_id: str) -> list[Run]:
-        return [r for r in self.gateway.runs.active_runs() if r.workspace_id == workspace_id and r.status in ACTIVE]
+        return [r for r in self._all_active_runs() if r.workspace_id == workspace_id and r.status in ACTIVE]
 
     def _run_roots(self, run: Run) -> list[str]:
         base = self.workspace_roots.get(run.workspace_id)
@@ -191,7 +196,7 @@ class Watcher:
         roots = (run.request.get("context") or {}).get("allowedRoots") or []
         return [str(r.absolute) for r in allowed_roots_of(base, [x for x in roots if isinstance(x, str)]) if r.absolute]
 
-    def _on_run(self, run: Run) -> None:
+    def run_changed(self, run: Run) -> None:
         if not self._started or run.workspace_id not in self.workspace_roots:
             return
         workspace_id = run.workspace_id
@@ -318,9 +323,7 @@ class Watcher:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout_at(deadline):
                         await self._writes_ended.wait()
-            probed: dict[str, tuple[str | None, bool, bool]] = await loop.run_in_executor(
-                self.gateway.executor, _probe, paths
-            )
+            probed: dict[str, tuple[str | None, bool, bool]] = await loop.run_in_executor(self.executor, _probe, paths)
             if loop.time() >= deadline or not any(p in self._pending for p in paths):
                 return probed
 

@@ -9,9 +9,9 @@ from agent_gateway.hookspecs.markers import hookspec
 
 if TYPE_CHECKING:
     import click
-    from aiohttp import web
 
     from agent_gateway.config import Validator
+    from agent_gateway.lifecycle import GatewayContext
 
 
 class RegisterSection(Protocol):
@@ -41,13 +41,16 @@ def register_commands(cli: click.Group) -> None:
 
 
 @hookspec
-def gateway_startup(app: web.Application) -> Awaitable[None] | None:
-    """The aiohttp app is starting; ``app`` is the :class:`aiohttp.web.Application`.
+def gateway_startup(context: GatewayContext) -> Awaitable[None] | None:
+    """The gateway is starting (storage open, interrupted runs recovered).
 
+    ``context`` is an :class:`agent_gateway.GatewayContext`: ``config``, ``data_dir``,
+    ``base_url`` and ``state``, a dict kept for ``gateway_shutdown`` (the same context object).
     Return nothing, or an awaitable the core awaits (for example to start a watcher).
     """
 
 
 @hookspec
-def gateway_shutdown(app: web.Application) -> Awaitable[None] | None:
-    """The app is stopping. Return nothing, or an awaitable the core awaits."""
+def gateway_shutdown(context: GatewayContext) -> Awaitable[None] | None:
+    """The gateway is stopping (runs stopped, runtimes closed; storage still open). ``context`` is
+    the one ``gateway_startup`` got. Return nothing, or an awaitable the core awaits."""

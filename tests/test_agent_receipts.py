@@ -71,7 +71,7 @@ async def start(make_gateway: MakeGateway, tmp_path: Path, storage: str = "sqlit
         extra_plugins=(NativeAgentPlugin(),),
     )
     # Where the agent's MCP client calls back (what a served gateway knows from its config).
-    gateway_of(client).services["base_url"] = str(client.make_url("")).rstrip("/")
+    gateway_of(client).set_public_url(str(client.make_url("")))
     return client
 
 

@@ -23,8 +23,6 @@ from agent_gateway.hookspecs import hookimpl
 from agent_gateway.hookspecs import routes as route_specs
 from agent_gateway.models import Run
 from agent_gateway.plugin_host import PluginHost
-from agent_gateway.preferences import apply_run_defaults, disabled_capabilities_for
-from agent_gateway.routes import preferences as preferences_routes
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 from agent_gateway.tools import ToolError
 
@@ -51,12 +49,10 @@ def plugin_host(*extra: object) -> PluginHost:
 
 
 def build_app(config: Config, host: PluginHost) -> web.Application:
-    """create_app, plus the preferences and plugin routes when app.py does not add them yet."""
+    """create_app, plus the plugin routes when app.py does not add them yet."""
     app = create_app(config, host)
     gateway = app[GATEWAY_KEY]
     paths = {getattr(r.resource, "canonical", None) for r in app.router.routes()}
-    if "/v1/preferences" not in paths:
-        preferences_routes.setup(app, gateway)
     if "/v1/knowledge/status" not in paths:
         host.pm.hook.register_routes(app=app, gateway=gateway)
     return app
@@ -86,15 +82,13 @@ class ToolAgent:
         }
 
     async def run_turn(self, turn: Turn) -> TurnOutcome:
-        gateway = turn.services["gateway"]
-        scope = getattr(turn, "tool_scope", None)
-        if scope is None:  # until runs.py builds the scope when the run starts
-            disabled = await disabled_capabilities_for(gateway, turn.run.actor_id, turn.run.agent_id)
-            scope = gateway.tools.scope_for(turn.run, disabled_capabilities=disabled)
+        tools = turn.tools
+        assert tools is not None
+        scope = tools.scope_for(turn.run)  # with the capabilities resolved as off when the run started
         name = turn.message.strip()
         await turn.emit("tool.started", {"toolCallId": "call_1", "title": name, "rawInput": self.arguments}, "agent")
         try:
-            result = await gateway.tools.call(name, dict(self.arguments), scope, caller="mcp")
+            result = await tools.call(name, dict(self.arguments), scope, caller="mcp")
         except ToolError as exc:
             await turn.emit(
                 "tool.completed", {"toolCallId": "call_1", "status": "failed", "error": exc.to_wire()}, "agent"
@@ -308,8 +302,8 @@ async def test_disabling_knowledge_changes_descriptor_and_tool_refuses_at_run_ti
     # an agent-scope switch wins over the common one
     await put_prefs(client, ALICE, {"ai.agent.tool-agent.capabilities.knowledge_rag.enabled": True})
     gateway = client.app[GATEWAY_KEY]
-    assert "knowledge_rag" not in await disabled_capabilities_for(gateway, "alice", "tool-agent")
-    assert "knowledge_rag" in await disabled_capabilities_for(gateway, "alice", "chat-only")  # no tool access
+    assert "knowledge_rag" not in await gateway.preferences.disabled_capabilities("alice", "tool-agent")
+    assert "knowledge_rag" in await gateway.preferences.disabled_capabilities("alice", "chat-only")  # no tool access
 
 
 async def test_run_defaults_from_preferences(make_client: MakeClient) -> None:
@@ -324,13 +318,13 @@ async def test_run_defaults_from_preferences(make_client: MakeClient) -> None:
             "ai.agent.tool-agent.model": "big",
         },
     )
-    body = await apply_run_defaults(gateway, "alice", {"message": "hi", "requestId": "r", "sessionId": "s"})
+    body = await gateway.preferences.apply_run_defaults("alice", {"message": "hi", "requestId": "r", "sessionId": "s"})
     assert body["agentId"] == "tool-agent"
     assert body["context"]["refs"] == ["current_page", "selection"]
     assert body["options"] == {"model": "big"}
-    kept = await apply_run_defaults(gateway, "alice", {"agentId": "chat-only", "options": {"model": "x"}})
+    kept = await gateway.preferences.apply_run_defaults("alice", {"agentId": "chat-only", "options": {"model": "x"}})
     assert kept["agentId"] == "chat-only" and kept["options"] == {"model": "x"}
-    assert (await apply_run_defaults(gateway, "bob", {"message": "hi"})).get("agentId") is None
+    assert (await gateway.preferences.apply_run_defaults("bob", {"message": "hi"})).get("agentId") is None
     descriptor = (await agents_of(client, ALICE))["tool-agent"]
     assert descriptor["isDefault"] is True and descriptor["defaultContextRefs"] == ["current_page", "selection"]
 
@@ -338,7 +332,7 @@ async def test_run_defaults_from_preferences(make_client: MakeClient) -> None:
 async def test_scope_for_a_run_without_preferences_has_nothing_disabled(make_client: MakeClient) -> None:
     client = await make_client(extra=(ToolAgentPlugin(ToolAgent()),))
     gateway = client.app[GATEWAY_KEY]
-    assert await disabled_capabilities_for(gateway, "carol", "tool-agent") == frozenset()
+    assert await gateway.preferences.disabled_capabilities("carol", "tool-agent") == frozenset()
     run = Run(
         host_run_id="run_x",
         request_id="r",

@@ -32,12 +32,12 @@ from _harness import metric, parse_prometheus
 from aiohttp import web
 from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
-from agent_gateway import fairness
 from agent_gateway.config import Config
-from agent_gateway.http_server import GatewayRunner, GuardedTCPSite
-from agent_gateway.loop_monitor import BUCKETS, LoopLagMonitor
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugins.chat_only import runtime as chat_only_runtime
+from agent_gateway.server import fairness
+from agent_gateway.server.http_server import GatewayRunner, GuardedTCPSite
+from agent_gateway.server.loop_monitor import BUCKETS, LoopLagMonitor
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
@@ -238,7 +238,7 @@ async def test_garbage_cycles_are_collected_before_the_heap_is_trimmed(make_gate
         gc.enable()
 
 
-# -- requests before bulk work (`agent_gateway.fairness`) -----------------------------------------
+# -- requests before bulk work (`agent_gateway.server.fairness`) -----------------------------------------
 
 
 async def test_yield_slice_waits_while_a_request_that_just_arrived_is_unanswered() -> None:

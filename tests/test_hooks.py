@@ -37,7 +37,7 @@ from test_cluster import (  # aliased: pytest runs it in test_cluster.py only
 import agent_gateway.builtin
 import agent_gateway.cli
 import agent_gateway.plugins.journal_peewee
-from agent_gateway import ModelCallTrace, PluginRoutes, RunTrace
+from agent_gateway import GatewayContext, ModelCallTrace, PluginRoutes, RunTrace
 from agent_gateway.app import create_app
 from agent_gateway.cli import cli
 from agent_gateway.config import Config, section_specs_from_hook
@@ -561,11 +561,11 @@ def test_register_commands_adds_a_runnable_command(monkeypatch: pytest.MonkeyPat
 class LifecyclePlugin:
     def __init__(self) -> None:
         self.events: list[str] = []
-        self.apps: list[Any] = []
+        self.contexts: list[Any] = []
 
     @hookimpl
-    def gateway_startup(self, app: Any) -> Any:
-        self.apps.append(app)
+    def gateway_startup(self, context: Any) -> Any:
+        self.contexts.append(context)
 
         async def start() -> None:
             await asyncio.sleep(0)
@@ -574,7 +574,9 @@ class LifecyclePlugin:
         return start()
 
     @hookimpl
-    def gateway_shutdown(self, app: Any) -> Any:
+    def gateway_shutdown(self, context: Any) -> Any:
+        self.contexts.append(context)
+
         async def stop() -> None:
             await asyncio.sleep(0)
             self.events.append("stopped")
@@ -587,11 +589,11 @@ class SyncLifecyclePlugin:
         self.events: list[str] = []
 
     @hookimpl
-    def gateway_startup(self, app: Any) -> None:
+    def gateway_startup(self, context: Any) -> None:
         self.events.append("started")
 
     @hookimpl
-    def gateway_shutdown(self, app: Any) -> None:
+    def gateway_shutdown(self, context: Any) -> None:
         self.events.append("stopped")
 
 
@@ -602,10 +604,15 @@ async def test_gateway_startup_and_shutdown_are_awaited(tmp_path: Path) -> None:
     assert awaited.events == [] and plain.events == []
     async with TestClient(TestServer(app)) as client:
         assert awaited.events == ["started"] and plain.events == ["started"]
-        assert awaited.apps == [app]
+        [context] = awaited.contexts
+        # A documented context, not the aiohttp application.
+        assert isinstance(context, GatewayContext) and not isinstance(context, web.Application)
+        assert context.data_dir == tmp_path / "data" and context.config.section("gateway") is not None
+        context.state["seen"] = True
         assert (await client.get("/v1/health")).status == 200
     assert awaited.events == ["started", "stopped"]
     assert plain.events == ["started", "stopped"]
+    assert awaited.contexts[1] is context and context.state == {"seen": True}  # the same for both
 
 
 async def test_gateway_shutdown_runs_after_runtimes_closed(tmp_path: Path) -> None:
@@ -614,7 +621,7 @@ async def test_gateway_shutdown_runs_after_runtimes_closed(tmp_path: Path) -> No
 
     class Observer:
         @hookimpl
-        def gateway_shutdown(self, app: Any) -> None:
+        def gateway_shutdown(self, context: Any) -> None:
             seen.append(runtime.closed)
 
     host = PluginHost.load(env={}, extra=(RuntimePlugin(runtime), Observer()))

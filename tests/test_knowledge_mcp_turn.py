@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ from agent_gateway.app import GATEWAY_KEY, Gateway
 from agent_gateway.config import Config
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.mcp import MCP_PATH, TOKEN_ENV
-from agent_gateway.mcp import http as mcp_http
 from agent_gateway.runtime import RuntimePolicy, Turn
 from agent_gateway.testing.fake_openai import FakeOpenAI
 from tests._harness import FAKE_ACP_AGENT
@@ -95,7 +94,8 @@ class McpAgentPlugin:
 
     def record(self, gateway: Gateway) -> None:
         """Wrap the gateway's provider of mcpServers entries to keep what it gives."""
-        provide: Callable[..., list[dict[str, Any]]] = gateway.services["mcp_servers_for"]
+        provide = gateway.turn_services.mcp_servers_for
+        assert provide is not None
 
         def recording(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
             # base_url: where a confined agent reaches the gateway from inside its sandbox.
@@ -103,7 +103,7 @@ class McpAgentPlugin:
             self.entries.extend(entries)
             return entries
 
-        gateway.services["mcp_servers_for"] = recording
+        gateway.turn_services.mcp_servers_for = recording
 
 
 async def serve(client: TestClient, plugin: McpAgentPlugin) -> TestClient:
@@ -111,7 +111,7 @@ async def serve(client: TestClient, plugin: McpAgentPlugin) -> TestClient:
     if client.server.runner is None:
         await client.start_server()
     gateway = client.app[GATEWAY_KEY]
-    gateway.services["base_url"] = str(client.make_url("")).rstrip("/")
+    gateway.set_public_url(str(client.make_url("")))
     plugin.record(gateway)
     return client
 
@@ -143,7 +143,7 @@ def tool_events(events: list[dict[str, Any]], source: str) -> list[dict[str, Any
 
 def lease_token(client: TestClient) -> str:
     """The token of the live binding's lease (what its mcpServers entry carries)."""
-    leases = mcp_http.leases_of(client.app[GATEWAY_KEY]).leases()
+    leases = client.app[GATEWAY_KEY].mcp.leases.leases()
     [lease] = [lease for lease in leases if isinstance(lease.key, tuple) and lease.key[0] == "binding"]
     return str(lease.token)
 

@@ -33,10 +33,10 @@ from agent_gateway.mcp import http as mcp_http
 from agent_gateway.mcp.bridge import endpoint_of
 from agent_gateway.mcp.leases import NO_ACTIVE_RUN, UNKNOWN_TOKEN, LeaseError, McpLeases, run_pin
 from agent_gateway.mcp.server import LATEST_PROTOCOL_VERSION, PROTOCOL_VERSIONS, McpServer
+from agent_gateway.mcp.surface import McpSurface
 from agent_gateway.mcp.wiring import (
     binding_lease,
     http_entry,
-    mcp_servers_for,
     run_lease,
     stdio_entry,
 )
@@ -258,14 +258,12 @@ class StandInTurn:
 
 def test_binding_lease_follows_the_binding_across_runs() -> None:
     facade = ToolFacade(test_tools(), None, ListStorage(), None, None)  # type: ignore[arg-type]
-    gateway = type("G", (), {})()
-    gateway.tools = facade
-    gateway.services = {}
+    mcp = McpSurface(facade, lambda: [], lambda: None)
     binding = StandInBinding()
     first = StandInTurn(make_run(), binding)
     binding.busy = True  # bind(): the binding is being opened for `first`; binding.turn is not set yet
-    token = binding_lease(gateway, first)  # type: ignore[arg-type]
-    leases = mcp_http.leases_of(gateway)  # type: ignore[arg-type]
+    token = binding_lease(mcp, first)  # type: ignore[arg-type]
+    leases = mcp.leases
     scope = leases.resolve(token)
     assert scope.run is first.run and scope.agent_session_id == "agent-session-1"
 
@@ -279,7 +277,7 @@ def test_binding_lease_follows_the_binding_across_runs() -> None:
     second = StandInTurn(make_run(), binding)  # the next run on the same live binding
     binding.turn, binding.busy = second, True
     assert leases.resolve(token).run is second.run
-    assert binding_lease(gateway, second) == token  # (a session/load on the same binding)
+    assert binding_lease(mcp, second) == token  # (a session/load on the same binding)
 
     binding.alive = False  # the agent process is gone
     with pytest.raises(LeaseError, match="unknown or revoked"):
@@ -311,10 +309,9 @@ def test_entries_for_acp(tmp_path: Path) -> None:
 
 def mount_mcp(app: Any, gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> None:
     """What create_app will do: the /v1/mcp route, outside the actor auth, and the provider."""
-    mcp_http.setup(app, gateway)
+    mcp_http.setup(app, gateway.mcp)
     if MCP_PATH not in app_module.PUBLIC_PATHS:
         monkeypatch.setattr(app_module, "PUBLIC_PATHS", app_module.PUBLIC_PATHS | {MCP_PATH})
-    gateway.services.setdefault("mcp_servers_for", mcp_servers_for(gateway))
 
 
 @pytest.fixture
@@ -347,7 +344,7 @@ async def mcp_gateway(
     mount_mcp(app, gateway, monkeypatch)
     client = TestClient(TestServer(app))
     await client.start_server()
-    gateway.services["base_url"] = str(client.make_url("")).rstrip("/")
+    gateway.set_public_url(str(client.make_url("")))
     try:
         yield client
     finally:
@@ -406,7 +403,7 @@ async def post_mcp(client: TestClient, message: Any, token: str | None, **header
 
 async def test_http_endpoint_auth_and_protocol(mcp_gateway: TestClient, active_run: ActiveRun) -> None:
     run = await active_run()
-    token = run_lease(gw(mcp_gateway), run)
+    token = run_lease(gw(mcp_gateway).mcp, run)
 
     for bad in (None, "wrong-token", ACTOR_TOKEN):  # the actor token is no MCP credential
         status, body, headers = await post_mcp(mcp_gateway, rpc("tools/list", {}, 1), bad)
@@ -475,9 +472,10 @@ async def test_mcp_servers_for_gives_http_or_stdio(mcp_gateway: TestClient, acti
     run = await active_run()
     turn = StandInTurn(run, StandInBinding())
     turn.binding.turn = turn
-    provide = gateway.services["mcp_servers_for"]
+    provide = gateway.turn_services.mcp_servers_for
+    assert provide is not None and gateway.public_url is not None
     [entry] = provide(turn, RuntimePolicy(mcp_http=True))
-    assert entry["type"] == "http" and entry["url"] == gateway.services["base_url"] + MCP_PATH
+    assert entry["type"] == "http" and entry["url"] == gateway.public_url + MCP_PATH
     token = entry["headers"][0]["value"].removeprefix("Bearer ")
     [stdio] = provide(turn, RuntimePolicy())
     assert stdio["env"] == [{"name": TOKEN_ENV, "value": token}]  # one lease per binding
@@ -487,7 +485,7 @@ async def test_mcp_servers_for_gives_http_or_stdio(mcp_gateway: TestClient, acti
     turn.binding.turn = None
     status, body, _ = await post_mcp(mcp_gateway, rpc("tools/list", {}, 1), token)
     assert status == 401 and body["error"]["message"] == NO_ACTIVE_RUN
-    del gateway.services["base_url"]
+    gateway.public_url = None
     assert provide(turn, RuntimePolicy()) == []  # without its own URL the gateway offers nothing
 
 
@@ -497,7 +495,9 @@ async def test_session_lease_for_a_runtime_without_a_binding(mcp_gateway: TestCl
     gateway = gw(mcp_gateway)
     first = await active_run("s-pi")
     turn = StandInTurn(first, None)  # type: ignore[arg-type]
-    [entry] = gateway.services["mcp_servers_for"](turn, RuntimePolicy(mcp_http=True))
+    provide = gateway.turn_services.mcp_servers_for
+    assert provide is not None
+    [entry] = provide(turn, RuntimePolicy(mcp_http=True))
     token = entry["headers"][0]["value"].removeprefix("Bearer ")
     call = rpc("tools/call", {"name": "test.echo", "arguments": {"text": "one"}}, 1)
     status, body, _ = await post_mcp(mcp_gateway, call, token)
@@ -572,8 +572,9 @@ async def start_bridge(url: str, token: str | None) -> BridgeProcess:
 async def test_stdio_bridge_relays_to_the_gateway(mcp_gateway: TestClient, active_run: ActiveRun) -> None:
     gateway = gw(mcp_gateway)
     run = await active_run()
-    token = run_lease(gateway, run)
-    bridge = await start_bridge(gateway.services["base_url"], token)
+    token = run_lease(gateway.mcp, run)
+    assert gateway.public_url is not None
+    bridge = await start_bridge(gateway.public_url, token)
     try:
         answer = await bridge.ask(rpc("server/discover", {}, 0))
         assert answer["error"]["code"] == -32601
@@ -639,8 +640,8 @@ async def test_official_mcp_client_over_the_bridge_and_http(mcp_gateway: TestCli
 
     gateway = gw(mcp_gateway)
     run = await active_run()
-    token = run_lease(gateway, run)
-    base_url = gateway.services["base_url"]
+    token = run_lease(gateway.mcp, run)
+    base_url = gateway.public_url
 
     async def exercise(client: Client) -> None:
         tools = await client.list_tools()

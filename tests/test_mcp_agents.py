@@ -23,13 +23,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import agent_gateway.app as app_module
 from agent_gateway.acp.runtime import AcpRuntime
 from agent_gateway.app import GATEWAY_KEY, Gateway, create_app
 from agent_gateway.config import Config
 from agent_gateway.mcp import MCP_PATH
-from agent_gateway.mcp import http as mcp_http
-from agent_gateway.mcp.wiring import mcp_servers_for
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
@@ -103,14 +100,9 @@ async def reasonix_gateway(
     )
     app = create_app(config, PluginHost.load(env={}))
     gateway = app[GATEWAY_KEY]
-    # What create_app does once wired: the route, outside the actor auth, and the provider.
-    mcp_http.setup(app, gateway)
-    if MCP_PATH not in app_module.PUBLIC_PATHS:
-        monkeypatch.setattr(app_module, "PUBLIC_PATHS", app_module.PUBLIC_PATHS | {MCP_PATH})
-    gateway.services.setdefault("mcp_servers_for", mcp_servers_for(gateway))
     client = TestClient(TestServer(app))
     await client.start_server()
-    gateway.services["base_url"] = str(client.make_url("")).rstrip("/")
+    gateway.set_public_url(str(client.make_url("")))
     try:
         yield client
     finally:
@@ -145,7 +137,7 @@ async def run_turn(client: TestClient, session_id: str, message: str) -> tuple[s
 
 def lease_token(client: TestClient) -> str:
     """The token the live Reasonix binding was given (its MCP server entry)."""
-    leases = mcp_http.leases_of(gw(client))
+    leases = gw(client).mcp.leases
     [lease] = [lease for lease in leases.leases() if lease.key[0] == "binding"]
     return lease.token
 

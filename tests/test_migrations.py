@@ -285,7 +285,7 @@ def test_gateways_starting_at_once_migrate_once(
 ) -> None:
     database = databases()
     database.load_release("r1-core")
-    caplog.set_level(logging.INFO, logger="agent_gateway.storage")
+    caplog.set_level(logging.INFO, logger="agent_gateway.plugins.journal_peewee")
     storages = [database.storage() for _ in range(STARTS_AT_ONCE)]
     start = threading.Barrier(STARTS_AT_ONCE, timeout=JOIN_SECONDS)
     errors: list[BaseException] = []

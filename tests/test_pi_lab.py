@@ -349,9 +349,6 @@ async def mcp_gateway(fake_llm: FakeOpenAI) -> Any:
 
     from agent_gateway.app import GATEWAY_KEY, create_app
     from agent_gateway.config import Config
-    from agent_gateway.mcp import MCP_PATH
-    from agent_gateway.mcp import http as mcp_http
-    from agent_gateway.mcp.wiring import mcp_servers_for
     from agent_gateway.plugin_host import PluginHost
 
     clients: list[TestClient] = []
@@ -361,27 +358,10 @@ async def mcp_gateway(fake_llm: FakeOpenAI) -> Any:
         config = Config.load(None, env={}, overrides={**base, **overrides})
         app = create_app(config, PluginHost.load(env={}, extra=_extra_plugins()))
         gw = app[GATEWAY_KEY]
-        if not any(r.resource is not None and r.resource.canonical == MCP_PATH for r in app.router.routes()):
-            mcp_http.setup(app, gw)
-        gw.services.setdefault("mcp_servers_for", mcp_servers_for(gw))
-        if not hasattr(gw, "watcher"):
-            from agent_gateway.routes import workspaces
-            from agent_gateway.watcher import Watcher
-
-            gw.watcher = Watcher(gw)
-
-            async def on_start(_app: Any) -> None:
-                await gw.watcher.start()
-
-            async def on_stop(_app: Any) -> None:
-                await gw.watcher.stop()
-
-            app.on_startup.append(on_start)
-            app.on_cleanup.insert(0, on_stop)
-            workspaces.setup(app, gw)
         client = TestClient(TestServer(app))
         await client.start_server()
-        gw.services.setdefault("base_url", str(client.make_url("")).rstrip("/"))
+        if gw.public_url is None:
+            gw.set_public_url(str(client.make_url("")))
         clients.append(client)
         return client
 

@@ -212,7 +212,8 @@ class HostEcho:
 async def mcp_urls(client: TestClient, host_run_id: str) -> list[str]:
     gateway = gateway_of(client)
     run = await gateway.runs.get(host_run_id, "local")
-    provide = gateway.services["mcp_servers_for"]
+    provide = gateway.turn_services.mcp_servers_for
+    assert provide is not None
     [http] = provide(StandInTurn(run), RuntimePolicy(mcp_http=True))
     [stdio] = provide(StandInTurn(run), RuntimePolicy())
     return [http["url"], stdio["args"][stdio["args"].index("--url") + 1]]

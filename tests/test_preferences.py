@@ -78,7 +78,6 @@ async def test_runs_read_preferences_from_memory_and_see_every_update(make_clien
     """A run's defaults come from the actor's preferences without a storage read per run (one
     worker trip less before its first event), and an update is seen by the next run at once."""
     from agent_gateway.app import GATEWAY_KEY
-    from agent_gateway.preferences import apply_run_defaults
 
     client = await make_client(extra=(ToolAgentPlugin(ToolAgent()),))
     gateway = client.app[GATEWAY_KEY]
@@ -91,22 +90,23 @@ async def test_runs_read_preferences_from_memory_and_see_every_update(make_clien
 
     gateway.storage.get_preferences = counting_read  # type: ignore[method-assign]
     body = {"message": "hi", "requestId": "r", "sessionId": "s"}
-    assert (await apply_run_defaults(gateway, "alice", body)).get("agentId") is None
-    assert (await apply_run_defaults(gateway, "alice", body)).get("agentId") is None
+    assert (await gateway.preferences.apply_run_defaults("alice", body)).get("agentId") is None
+    assert (await gateway.preferences.apply_run_defaults("alice", body)).get("agentId") is None
     assert storage_reads == ["alice"]  # read once, then from memory
 
     await put_prefs(client, ALICE, {"ai.common.defaultAgent": "tool-agent", "ai.agent.tool-agent.model": "big"})
-    filled = await apply_run_defaults(gateway, "alice", body)
+    filled = await gateway.preferences.apply_run_defaults("alice", body)
     assert filled["agentId"] == "tool-agent" and filled["options"] == {"model": "big"}
     await put_prefs(client, ALICE, {"ai.common.defaultAgent": "chat-only", "ai.agent.tool-agent.model": None})
-    assert (await apply_run_defaults(gateway, "alice", body))["agentId"] == "chat-only"
-    assert (await apply_run_defaults(gateway, "alice", {**body, "agentId": "tool-agent"})).get("options") is None
+    assert (await gateway.preferences.apply_run_defaults("alice", body))["agentId"] == "chat-only"
+    assert (await gateway.preferences.apply_run_defaults("alice", {**body, "agentId": "tool-agent"})).get(
+        "options"
+    ) is None
     assert storage_reads == ["alice"]  # the updates went to memory as they went to storage
-    assert (await apply_run_defaults(gateway, "bob", body)).get("agentId") is None
+    assert (await gateway.preferences.apply_run_defaults("bob", body)).get("agentId") is None
     assert storage_reads == ["alice", "bob"]  # each actor read once
 
     # The values handed out are copies: a caller changing them changes nothing stored.
-    from agent_gateway.preferences import load_values
 
-    (await load_values(gateway, "alice"))["ai.common.defaultAgent"] = "tool-agent"
-    assert (await apply_run_defaults(gateway, "alice", body))["agentId"] == "chat-only"
+    (await gateway.preferences.load_values("alice"))["ai.common.defaultAgent"] = "tool-agent"
+    assert (await gateway.preferences.apply_run_defaults("alice", body))["agentId"] == "chat-only"

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import WAIT, MakeGateway, gateway_of, read_stream, run_body, run_to_end
 
-from agent_gateway.allocator import HeapTrimmer
+from agent_gateway.server.allocator import HeapTrimmer
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 
 ENDED = SimpleNamespace(is_terminal=True)

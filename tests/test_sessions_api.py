@@ -15,6 +15,7 @@ import pytest
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.routes import sessions as sessions_routes
+from agent_gateway.routes.sessions import indexer as sessions_indexer
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
 from tests._harness import FAKE_ACP_AGENT
 from tests.conftest import WAIT, gateway_of, run_to_end
@@ -398,7 +399,7 @@ async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
 ) -> None:
     """The indexer gathers a run's changes that come close together (running, its session mode,
     its end) into one worker call, not one each."""
-    monkeypatch.setattr(sessions_routes, "INDEX_GATHER_SECONDS", 0.5)  # the whole run below falls within it
+    monkeypatch.setattr(sessions_indexer, "INDEX_GATHER_SECONDS", 0.5)  # the whole run below falls within it
     client, _plugin = await gateway(make_gateway, storage_kind)
     [indexer] = [
         listener.__self__

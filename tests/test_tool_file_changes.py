@@ -88,7 +88,7 @@ async def test_a_tool_write_lands_on_its_run_before_it_ends_and_on_no_other_run(
         extra_plugins=(WriterPlugin(),),
     )
     gateway = gateway_of(client)
-    gateway.services["base_url"] = str(client.make_url("")).rstrip("/")  # what the agent's MCP client calls
+    gateway.set_public_url(str(client.make_url("")))  # what the agent's MCP client calls
 
     # Another session's run, active on the same workspace throughout (its model call hangs).
     fake_llm.add(Reply(text="thinking", hang=True))

@@ -30,7 +30,6 @@ from agent_gateway.paths import PathError, resolve_path
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.plugins.workspace.patching import PatchError, apply_edits, apply_unified_diff
-from agent_gateway.routes import receipts as receipts_route
 from agent_gateway.tools import RunScope, Tool, ToolCall, ToolError, ToolFacade, validate_schema
 
 PAGE = "notes/today.md"
@@ -645,8 +644,6 @@ async def test_receipts_route(h: Harness) -> None:
     h.storage.insert_run(other)
     h.storage.insert_receipt({"hostRunId": "run_bob", "actorId": "bob", "createdAt": 1, "tool": "x"})
     app = create_app(config, plugins)
-    if not any(r.canonical == "/v1/runs/{host_run_id}/receipts" for r in app.router.resources()):
-        receipts_route.setup(app, app[GATEWAY_KEY])  # until create_app wires it itself
     # the app's own storage is the same SQLite file as the harness's
     assert Path(app[GATEWAY_KEY].storage.path) == h.storage.path
     client = TestClient(TestServer(app))

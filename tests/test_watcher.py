@@ -23,9 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from agent_gateway.app import GATEWAY_KEY, create_app
 from agent_gateway.config import Config
 from agent_gateway.plugin_host import PluginHost
-from agent_gateway.routes import workspaces
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from agent_gateway.watcher import Watcher
 from tests.conftest import WAIT, gateway_of, sse_events
 
 WS = "local:ws"
@@ -63,21 +61,6 @@ async def start(fake_llm: FakeOpenAI, workspace: Path, tmp_path: Path) -> AsyncI
         )
         app = create_app(config, PluginHost.load(env={}))
         gateway = app[GATEWAY_KEY]
-        if not hasattr(gateway, "watcher"):
-            gateway.watcher = Watcher(gateway)
-
-            async def on_start(_app: Any) -> None:
-                await gateway.watcher.start()
-
-            async def on_stop(_app: Any) -> None:
-                await gateway.watcher.stop()
-
-            app.on_startup.append(on_start)
-            app.on_cleanup.insert(0, on_stop)
-        if not any(
-            getattr(r, "resource", None) and "/v1/workspaces/" in r.resource.canonical for r in app.router.routes()
-        ):
-            workspaces.setup(app, gateway)
         gateway.watcher.linger = linger
         client = TestClient(TestServer(app))
         await client.start_server()

@@ -52,7 +52,7 @@ except ImportError:  # Windows
     fcntl = None  # type: ignore[assignment]
 
 from agent_gateway.environment import agent_environment
-from agent_gateway.fairness import yield_slice
+from agent_gateway.server.fairness import yield_slice
 
 __all__ = [
     "CANCELLED_PERMISSION",

@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,7 @@ from agent_gateway.acp.client import (
     AcpTimeout,
 )
 from agent_gateway.acp.mapping import coalesce_updates, extract_text, map_update
+from agent_gateway.agent_sessions import NotDeclared
 from agent_gateway.capacity import ProcessCapacity, ProcessUse
 from agent_gateway.environment import agent_environment
 from agent_gateway.paths import allowed_roots_of
@@ -74,6 +76,8 @@ STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
 # joined: an agent this far ahead of the gateway (its updates waited in the pipe) has its backlog
 # merged, as a lagging client's stream is; one the gateway keeps up with gets one event per update.
 COALESCE_BACKLOG = 32
+# Deletes an agent session (offered when `initialize` declares sessionCapabilities.delete).
+ACP_DELETE_METHOD = "session/delete"
 ALLOW_KINDS = ("allow_once", "allow_always")
 
 
@@ -480,18 +484,16 @@ class AcpRuntime:
     # -- processes ----------------------------------------------------------------------------
     def _workspace_dir(self, turn: Turn) -> Path | None:
         """The configured folder of the run's workspace; None when it has none."""
-        root = (turn.services.get("workspace_roots") or {}).get(turn.run.workspace_id)
-        return Path(root) if root is not None else None
+        return turn.workspace_root
 
     def home_for(self, turn: Turn) -> Path:
         """The agent's own home for the run's actor (sessions, memory, config never cross actors)."""
         if self.spec.homes_root is not None:
             return self.spec.homes_root / safe_name(turn.run.actor_id)
-        sandbox: Sandbox | None = turn.services.get("sandbox")
+        sandbox = turn.sandbox
         if sandbox is not None:
             return sandbox.home_for(self.agent_id, turn.run.actor_id)
-        data_dir = Path(turn.services.get("data_dir") or ".")
-        return data_dir / "agent-homes" / safe_name(self.agent_id) / safe_name(turn.run.actor_id)
+        return turn.data_dir / "agent-homes" / safe_name(self.agent_id) / safe_name(turn.run.actor_id)
 
     def _launch(self, turn: Turn) -> AgentLaunch:
         """What the process for this turn's binding needs: see :class:`agent_gateway.AgentLaunch`."""
@@ -518,9 +520,9 @@ class AcpRuntime:
         env["HOME"] = str(home)
         for name in self.spec.home_env:
             env[name] = str(home)
-        data_dir = Path(turn.services.get("data_dir") or ".")
+        data_dir = turn.data_dir
         read_only = program_paths(self.spec.command, env.get("PATH"), [str(data_dir)])
-        base_url = turn.services.get("base_url")
+        base_url = turn.base_url
         return AgentLaunch(
             agent_id=self.agent_id,
             actor_id=turn.run.actor_id,
@@ -557,7 +559,7 @@ class AcpRuntime:
         )
 
     async def _confine(self, turn: Turn, launch: AgentLaunch) -> SandboxedCommand:
-        sandbox: Sandbox | None = turn.services.get("sandbox")
+        sandbox = turn.sandbox
         await asyncio.to_thread(self._prepare_dirs, launch, sandbox)
         if sandbox is None:
             return unconfined(launch, "none: no sandbox service")
@@ -608,7 +610,7 @@ class AcpRuntime:
                 await command.cleanup()
             raise
         self.initialize_result = result
-        self._negotiate_policy(result, turn.services.get("plugins"))
+        self._negotiate_policy(result, turn)
         return binding
 
     def _environment(self) -> dict[str, str]:
@@ -616,7 +618,7 @@ class AcpRuntime:
         `inherit_env`), then the spec's `env`."""
         return agent_environment(self.spec.env, inherit=self.spec.inherit_env)
 
-    def _negotiate_policy(self, result: dict[str, Any], plugins: Any) -> None:
+    def _negotiate_policy(self, result: dict[str, Any], turn: Turn) -> None:
         """The plugin's defaults, overridden by what the agent declares, then by the hook."""
         caps = result.get("agentCapabilities") or {}
         mcp = caps.get("mcpCapabilities") or {}
@@ -627,8 +629,7 @@ class AcpRuntime:
         if isinstance(agent_info, dict):
             self.agent_info = {k: agent_info[k] for k in ("name", "title", "version") if agent_info.get(k) is not None}
         policy.extra["negotiated"] = True
-        if plugins is not None:
-            plugins.negotiate_runtime_policy(self.agent_id, policy, result)
+        turn.negotiate_runtime_policy(self.agent_id, policy, result)
 
     async def _make_room(self, actor_id: str, turn: Turn | None = None) -> None:
         """Called with `_start_lock` held (let go while waiting): room for one more process of
@@ -860,11 +861,7 @@ class AcpRuntime:
 
     def _mcp_servers(self, turn: Turn) -> list[dict[str, Any]]:
         servers = list(self.spec.mcp_servers)
-        provider = turn.services.get("mcp_servers_for")
-        if provider is not None:
-            binding = turn.binding
-            inside = getattr(binding, "mcp_base_url", None)
-            servers.extend(provider(turn, self.policy, base_url=inside) if inside else provider(turn, self.policy))
+        servers.extend(turn.mcp_servers(self.policy, base_url=getattr(turn.binding, "mcp_base_url", None)))
         return servers
 
     # -- turns ----------------------------------------------------------------------------------
@@ -1073,15 +1070,68 @@ class AcpRuntime:
 
     def _files(self, binding: Binding) -> Any:
         turn = binding.turn
-        files = turn.services.get("files") if turn is not None else None
+        files = turn.files if turn is not None else None
         if files is None:
             raise AcpRequestError(-32603, "file access is not available outside a run")
         return files
+
+    # -- the agent-session delete protocol (agent_gateway.agent_sessions) -----------------------
+
+    def can_delete_agent_session(self) -> bool | None:
+        """Whether the agent's ``initialize`` answer declares ``sessionCapabilities.delete``; None
+        until a process of this agent has answered."""
+        return _declares_delete(self.initialize_result)
+
+    async def delete_agent_session(self, agent_session_id: str, state: dict[str, Any]) -> None:
+        """Delete ``agent_session_id`` with a short-lived process of this agent: an idle live
+        binding of that session is closed first (so no later turn prompts a deleted session), then
+        the process is started, initialized, sent ``session/delete`` and stopped. Raises
+        :class:`NotDeclared` when the agent does not declare it."""
+        if self.can_delete_agent_session() is False:
+            raise NotDeclared
+        for binding in list(self._bindings.values()):
+            if binding.agent_session_id == agent_session_id:
+                with contextlib.suppress(Exception):
+                    await self._close_binding(binding, "its agent session was deleted")
+        spec = self.spec
+        with contextlib.ExitStack() as stack:
+            if spec.process_dir is not None:
+                process_dir = spec.process_dir
+                process_dir.mkdir(parents=True, exist_ok=True)
+            else:
+                scratch = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"agw-{safe_name(self.agent_id)}-"))
+                process_dir = Path(scratch)
+            if spec.prepare is not None:
+                spec.prepare(process_dir)
+            process = AcpProcess(
+                spec.command,
+                env=agent_environment(spec.env, inherit=spec.inherit_env),
+                cwd=str(process_dir),
+                name=f"{spec.agent_id}-delete",
+            )
+            try:
+                await process.start()
+                result = await process.initialize(timeout=spec.initialize_timeout)
+                if self.initialize_result is None:
+                    self.initialize_result = result
+                if not _declares_delete(result):
+                    raise NotDeclared
+                await process.request(ACP_DELETE_METHOD, {"sessionId": agent_session_id}, spec.session_timeout)
+            finally:
+                await process.close()
 
     async def close(self) -> None:
         for binding in list(self._bindings.values()):
             with contextlib.suppress(Exception):
                 await self._close_binding(binding, "gateway shutdown")
+
+
+def _declares_delete(initialize_result: dict[str, Any] | None) -> bool | None:
+    if initialize_result is None:
+        return None
+    caps = initialize_result.get("agentCapabilities")
+    session_caps = caps.get("sessionCapabilities") if isinstance(caps, dict) else None
+    return isinstance(session_caps, dict) and session_caps.get("delete") is not None
 
 
 class AcpSessionStrategy:

@@ -21,48 +21,26 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from agent_gateway.errors import parse_json_body
 from agent_gateway.mcp import MCP_PATH
-from agent_gateway.mcp.leases import LeaseError, McpLeases
+from agent_gateway.mcp.leases import LeaseError
 from agent_gateway.mcp.server import (
     INVALID_REQUEST,
     PARSE_ERROR,
     UNAUTHORIZED,
-    McpServer,
     error_response,
     is_notification_only,
     refusal,
 )
-
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+from agent_gateway.mcp.surface import McpSurface
 
 log = logging.getLogger("agent_gateway.mcp.http")
 
 SESSION_HEADER = "Mcp-Session-Id"
-LEASES_SERVICE = "mcp_leases"
-SERVER_SERVICE = "mcp_server"
-
-
-def leases_of(gateway: Gateway) -> McpLeases:
-    """The gateway's lease registry (made on first use, kept in ``gateway.services``)."""
-    leases = gateway.services.get(LEASES_SERVICE)
-    if leases is None:
-        leases = McpLeases(gateway.tools.scope_for)
-        gateway.services[LEASES_SERVICE] = leases
-    return leases
-
-
-def server_of(gateway: Gateway) -> McpServer:
-    server = gateway.services.get(SERVER_SERVICE)
-    if server is None:
-        server = McpServer(gateway.tools)
-        gateway.services[SERVER_SERVICE] = server
-    return server
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -90,13 +68,13 @@ def _has_initialize(message: Any) -> bool:
     return any(isinstance(m, dict) and m.get("method") == "initialize" and m.get("id") is not None for m in items)
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
+def setup(app: web.Application, mcp: McpSurface) -> None:
     """Add ``POST|DELETE /v1/mcp`` to ``app`` (once: a second call is a no-op)."""
     if any(getattr(r, "canonical", None) == MCP_PATH for r in app.router.resources()):
         return
 
     async def post(request: web.Request) -> web.StreamResponse:
-        leases = leases_of(gateway)
+        leases = mcp.leases
         raw = await request.read()
         try:
             message: Any = parse_json_body(raw)
@@ -118,7 +96,7 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         if session_id is not None and session_id not in lease.sessions and not _has_initialize(message):
             text = "unknown Mcp-Session-Id; send initialize again"
             return _json(refusal(message, INVALID_REQUEST, text) or error_response(None, INVALID_REQUEST, text), 404)
-        response = await server_of(gateway).handle(message, scope)
+        response = await mcp.server.handle(message, scope)
         if response is None or is_notification_only(message):
             return web.Response(status=202)
         headers: dict[str, str] = {}
@@ -130,7 +108,7 @@ def setup(app: web.Application, gateway: Gateway) -> None:
 
     async def delete(request: web.Request) -> web.StreamResponse:
         try:
-            lease = leases_of(gateway).lease(bearer_token(request))
+            lease = mcp.leases.lease(bearer_token(request))
         except LeaseError as exc:
             return _unauthorized(None, exc.message)
         session_id = request.headers.get(SESSION_HEADER)

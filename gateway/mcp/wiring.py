@@ -1,11 +1,11 @@
 """How agents are given the gateway's MCP server: the ACP ``mcpServers`` entries.
 
-Install for ACP runtimes with ``gateway.services["mcp_servers_for"] = mcp_servers_for(gateway)``;
-the gateway's own URL must be in ``gateway.services["base_url"]``: ``[gateway] public_url``, else
-the listening address (set by the launcher, or from the local address of the first accepted
-connection), never a request's ``Host`` header (see ``Gateway.set_public_url``).
-:class:`agent_gateway.acp.runtime.AcpRuntime` calls the provider at ``session/new`` and
-``session/load``; the entry it gets is
+The gateway lends every turn ``mcp_servers_for(mcp)`` (runtimes call ``turn.mcp_servers(policy)``);
+the gateway's own URL (:attr:`McpSurface.base_url`) is ``[gateway] public_url``, else the listening
+address (set by the launcher, or from the local address of the first accepted connection), never a
+request's ``Host`` header (see ``Gateway.set_public_url``).
+:class:`agent_gateway.acp.runtime.AcpRuntime` asks at ``session/new`` and ``session/load``; the
+entry it gets is
 
 - ``{"type": "http", "name": "gateway", "url": ".../v1/mcp", "headers": [Authorization]}`` when the
   agent declared ``mcpCapabilities.http`` (``policy.mcp_http``), else
@@ -27,16 +27,13 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent_gateway.mcp import MCP_PATH, SERVER_NAME, TOKEN_ENV
-from agent_gateway.mcp.http import leases_of
 from agent_gateway.mcp.leases import Resolved, run_pin
+from agent_gateway.mcp.surface import McpSurface
 from agent_gateway.models import Run
 from agent_gateway.runtime import RuntimePolicy, Turn
-
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
 
 log = logging.getLogger("agent_gateway.mcp.wiring")
 
@@ -67,23 +64,16 @@ def stdio_entry(base_url: str, token: str, name: str = SERVER_NAME) -> dict[str,
     return {"name": name, "command": command, "args": args, "env": [{"name": TOKEN_ENV, "value": token}]}
 
 
-def base_url_of(gateway: Gateway) -> str | None:
-    url = gateway.services.get("base_url")
-    return str(url).rstrip("/") if url else None
-
-
-def run_lease(gateway: Gateway, run: Run) -> str:
+def run_lease(mcp: McpSurface, run: Run) -> str:
     """A token good while ``run`` is active (for runtimes without live bindings, and tests)."""
 
     def resolve() -> Resolved:
         return None if run.is_terminal else run
 
-    return leases_of(gateway).issue(
-        ("run", run.host_run_id), resolve, alive=lambda: not run.is_terminal, pin=run_pin(run)
-    )
+    return mcp.leases.issue(("run", run.host_run_id), resolve, alive=lambda: not run.is_terminal, pin=run_pin(run))
 
 
-def session_lease(gateway: Gateway, run: Run, *, idle_seconds: float = SESSION_LEASE_IDLE_SECONDS) -> str:
+def session_lease(mcp: McpSurface, run: Run, *, idle_seconds: float = SESSION_LEASE_IDLE_SECONDS) -> str:
     """A lease for an agent process that outlives runs but has no binding object yet when it is
     given its MCP configuration (e.g. a runtime that writes its MCP config file before its binding exists).
 
@@ -98,7 +88,7 @@ def session_lease(gateway: Gateway, run: Run, *, idle_seconds: float = SESSION_L
     def resolve() -> Resolved:
         running = [
             r
-            for r in gateway.runs.active_runs()
+            for r in mcp.active_runs()
             if (r.actor_id, r.session_id, r.agent_id) == owner and r.status in RUNNING_STATUSES and run_pin(r) == pin
         ]
         if len(running) != 1:
@@ -109,11 +99,11 @@ def session_lease(gateway: Gateway, run: Run, *, idle_seconds: float = SESSION_L
     def alive() -> bool:
         return time.monotonic() - last_active[0] < idle_seconds
 
-    return leases_of(gateway).issue(("session", *owner, pin), resolve, alive=alive, pin=pin)
+    return mcp.leases.issue(("session", *owner, pin), resolve, alive=alive, pin=pin)
 
 
 def lease_for(
-    gateway: Gateway,
+    mcp: McpSurface,
     key: Hashable,
     resolve_active_run: Callable[[], Resolved],
     *,
@@ -121,14 +111,14 @@ def lease_for(
     pin: tuple[str, str, tuple[str, ...]] | None = None,
 ) -> str:
     """A lease for any holder (e.g. an agent process living across runs): see :meth:`McpLeases.issue`."""
-    return leases_of(gateway).issue(key, resolve_active_run, alive=alive, pin=pin)
+    return mcp.leases.issue(key, resolve_active_run, alive=alive, pin=pin)
 
 
-def binding_lease(gateway: Gateway, turn: Turn) -> str:
+def binding_lease(mcp: McpSurface, turn: Turn) -> str:
     """The lease of ``turn``'s ACP binding (one per binding, kept while its process lives)."""
     binding = turn.binding
     if binding is None:
-        return session_lease(gateway, turn.run)
+        return session_lease(mcp, turn.run)
     ref = weakref.ref(binding)
     opening = weakref.ref(turn)  # the turn that opens (new/load) the session, before binding.turn is set
 
@@ -149,28 +139,28 @@ def binding_lease(gateway: Gateway, turn: Turn) -> str:
             return None
         run = current.run
         model = (run.request.get("options") or {}).get("model")
-        return gateway.tools.scope_for(
+        return mcp.tools.scope_for(
             run,
             agent_session_id=getattr(held, "agent_session_id", None) or run.provider_run_id,
             model=model if isinstance(model, str) and model else None,
         )
 
-    return leases_of(gateway).issue(("binding", id(binding)), resolve, alive=alive, pin=run_pin(turn.run))
+    return mcp.leases.issue(("binding", id(binding)), resolve, alive=alive, pin=run_pin(turn.run))
 
 
-def mcp_servers_for(gateway: Gateway) -> Callable[[Turn, RuntimePolicy], list[dict[str, Any]]]:
-    """The ``turn.services["mcp_servers_for"]`` provider for ACP runtimes."""
+def mcp_servers_for(mcp: McpSurface) -> Callable[[Turn, RuntimePolicy], list[dict[str, Any]]]:
+    """What `Turn.mcp_servers(policy)` calls: the gateway's MCP server entries for a turn's agent."""
 
     def provide(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
         """``base_url``: where the agent reaches the gateway from inside its sandbox (default: the
         gateway's own URL)."""
-        if not gateway.tools.tools:
+        if not mcp.tools.tools:
             return []
-        base_url = base_url or base_url_of(gateway)
+        base_url = base_url or mcp.base_url
         if base_url is None:
-            log.warning("no gateway base_url in services: the agent gets no gateway MCP server")
+            log.warning("the gateway's own URL is not known: the agent gets no gateway MCP server")
             return []
-        token = binding_lease(gateway, turn)
+        token = binding_lease(mcp, turn)
         if policy.mcp_http:
             return [http_entry(base_url, token)]
         return [stdio_entry(base_url, token)]

@@ -8,14 +8,10 @@ when the API answers 401. These are not API routes: they stay out of ``/v1/`` an
 from __future__ import annotations
 
 from importlib import resources
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from agent_gateway.errors import ApiError
-
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
 
 CONSOLE_PREFIX = "/console/"
 # The console's routes: a web page, not API routes, so never in OpenAPI.
@@ -54,7 +50,7 @@ def _file(name: str) -> web.Response:
     return response
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
+def setup(app: web.Application) -> None:
     async def index(request: web.Request) -> web.Response:
         return _file("index.html")
 

@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent_gateway.loop_monitor import INTERVAL
+from agent_gateway.auth import Auth
+from agent_gateway.bus import Bus
+from agent_gateway.cluster import Coordinator
+from agent_gateway.journal import Journal
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
+from agent_gateway.server.loop_monitor import INTERVAL, LoopLagMonitor
+from agent_gateway.sse import StreamStats
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+    from agent_gateway.runs import RunManager
 
 
-def render(gateway: Gateway) -> str:
+@dataclass(frozen=True)
+class MetricSources:
+    """What ``/metrics`` reads its numbers from."""
+
+    runs: RunManager
+    runtimes: Mapping[str, Any]
+    journal: Journal
+    bus: Bus
+    stream_stats: StreamStats
+    loop_monitor: LoopLagMonitor
+    coordinator: Coordinator
+    # The sandbox network's counters (egress connections denied, ...).
+    sandbox_counters: Mapping[str, int]
+
+
+def render(sources: MetricSources) -> str:
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -24,7 +46,7 @@ def render(gateway: Gateway) -> str:
             text = str(int(value)) if float(value).is_integer() else repr(float(value))
             lines.append(f"{name}{labels} {text}")
 
-    active = gateway.runs.active_runs()
+    active = sources.runs.active_runs()
     metric(
         "agent_gateway_runs_active",
         "gauge",
@@ -35,17 +57,17 @@ def render(gateway: Gateway) -> str:
         "agent_gateway_runs_finished_total",
         "counter",
         "Runs ended by this process, by terminal status.",
-        [(f'{{status="{s}"}}', gateway.runs.finished.get(s, 0)) for s in sorted(TERMINAL_STATUSES)],
+        [(f'{{status="{s}"}}', sources.runs.finished.get(s, 0)) for s in sorted(TERMINAL_STATUSES)],
     )
-    metric("agent_gateway_runs_created_total", "counter", "Runs created by this process.", [("", gateway.runs.created)])
-    egress = gateway.sandbox_network.counters
+    metric("agent_gateway_runs_created_total", "counter", "Runs created by this process.", [("", sources.runs.created)])
+    egress = sources.sandbox_counters
     metric(
         "agent_gateway_sandbox_egress_total",
         "counter",
         "Connections confined agents asked the gateway to open, by outcome (denied: not on the agent's allow list).",
         [(f'{{outcome="{o}"}}', egress.get(o, 0)) for o in ("allowed", "denied")],
     )
-    journal, stats = gateway.journal, gateway.stream_stats
+    journal, stats = sources.journal, sources.stream_stats
     metric(
         "agent_gateway_events_appended_total", "counter", "Events appended to the journal.", [("", journal.appended)]
     )
@@ -67,14 +89,14 @@ def render(gateway: Gateway) -> str:
         "agent_gateway_stream_buffered_events",
         "gauge",
         "Events waiting in SSE client buffers.",
-        [("", gateway.bus.buffered())],
+        [("", sources.bus.buffered())],
     )
     metric("agent_gateway_streams_open", "gauge", "Open SSE streams.", [("", stats.open_streams)])
     metric(
         "agent_gateway_stream_merges_total",
         "counter",
         "Deltas merged for clients that fell behind.",
-        [("", stats.merges + gateway.bus.live_merges())],
+        [("", stats.merges + sources.bus.live_merges())],
     )
     metric(
         "agent_gateway_stream_replays_total",
@@ -84,11 +106,11 @@ def render(gateway: Gateway) -> str:
     )
     bindings = [
         (f'{{agent="{agent_id}"}}', float(runtime.live_bindings()))
-        for agent_id, runtime in sorted(gateway.runtimes.items())
+        for agent_id, runtime in sorted(sources.runtimes.items())
         if hasattr(runtime, "live_bindings")
     ]
     metric("agent_gateway_live_bindings", "gauge", "Live agent sessions kept between turns.", bindings)
-    cluster = gateway.coordinator.health()
+    cluster = sources.coordinator.health()
     if cluster is not None:  # one instance of several: its figures, labelled with its id
         label = f'{{instance="{cluster.get("instanceId", "")}"}}'
         metric("agent_gateway_cluster_ready", "gauge", "1 while this instance holds its lease.", [
@@ -98,9 +120,9 @@ def render(gateway: Gateway) -> str:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 name = "agent_gateway_cluster_" + "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
                 metric(name, "gauge", f"The cluster coordinator's {key} (/v1/health cluster.{key}).", [(label, value)])
-    for name, kind, help_text, samples in gateway.coordinator.metrics():
+    for name, kind, help_text, samples in sources.coordinator.metrics():
         metric(name, kind, help_text, [(_labels(labels), value) for labels, value in samples])
-    monitor = gateway.loop_monitor
+    monitor = sources.loop_monitor
     name = "agent_gateway_loop_lag_seconds"
     lines.append(f"# HELP {name} How late the event loop ran a timer due every {INTERVAL:g} s (it was held).")
     lines.append(f"# TYPE {name} histogram")
@@ -117,12 +139,12 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{v}"' for k, v in escaped.items()) + "}"
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
+def setup(app: web.Application, auth: Auth, sources: MetricSources) -> None:
     async def metrics(request: web.Request) -> web.Response:
-        if gateway.auth.authorizing and "actor" in request:  # a public /metrics has no caller to ask about
-            await gateway.auth.authorize(request, "metrics:read", {"type": "metrics"})
+        if auth.authorizing and "actor" in request:  # a public /metrics has no caller to ask about
+            await auth.authorize(request, "metrics:read", {"type": "metrics"})
         return web.Response(
-            text=render(gateway),
+            text=render(sources),
             content_type="text/plain",
             charset="utf-8",
             headers={"X-Content-Type-Options": "nosniff"},

@@ -5,15 +5,17 @@ calls ended."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent_gateway.auth import run_resource
+from agent_gateway.auth import Auth, run_resource
 from agent_gateway.errors import ApiError
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+    from agent_gateway.runs import RunManager
+    from agent_gateway.storage import Storage
 
 RECEIPTS_SCHEMA = "gateway.tool_receipts.v1"
 
@@ -30,15 +32,15 @@ def in_call_order(receipts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(receipts, key=_created_at)
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
+def setup(app: web.Application, auth: Auth, runs: RunManager, storage: Storage, executor: Executor) -> None:
     async def list_receipts(request: web.Request) -> web.Response:
-        run = await gateway.runs.get(request.match_info["host_run_id"], request["actor"])
+        run = await runs.get(request.match_info["host_run_id"], request["actor"])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
-        if gateway.auth.authorizing:
-            await gateway.auth.authorize(request, "runs:read", run_resource(run))
+        if auth.authorizing:
+            await auth.authorize(request, "runs:read", run_resource(run))
         loop = asyncio.get_running_loop()
-        receipts = await loop.run_in_executor(gateway.executor, gateway.storage.list_receipts, run.host_run_id)
+        receipts = await loop.run_in_executor(executor, storage.list_receipts, run.host_run_id)
         return web.json_response(
             {"schema": RECEIPTS_SCHEMA, "hostRunId": run.host_run_id, "receipts": in_call_order(receipts)}
         )

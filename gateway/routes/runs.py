@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
-from agent_gateway.auth import run_resource
+from agent_gateway.auth import Auth, run_resource
 from agent_gateway.builtin import ui_projection
 from agent_gateway.errors import ApiError, error_response, read_json
+from agent_gateway.journal import Journal
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
-from agent_gateway.preferences import apply_run_defaults
-from agent_gateway.runs import AdmissionRefused
-from agent_gateway.sse import RunEnded, stream_run
-from agent_gateway.webhooks import delivery_view
-
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+from agent_gateway.preferences import Preferences
+from agent_gateway.runs import AdmissionRefused, RunManager
+from agent_gateway.sse import RunEnded, Streams, stream_run
+from agent_gateway.webhooks import Webhooks, delivery_view
 
 DEFAULT_PAGE = 500
 MAX_PAGE = 5000
@@ -80,28 +81,43 @@ def _receipt(run: Run) -> web.Response:
     return web.json_response(run.to_receipt())
 
 
+@dataclass(frozen=True)
+class RunRoutesDeps:
+    """What the /v1/runs routes use."""
+
+    auth: Auth
+    runs: RunManager
+    journal: Journal
+    streams: Streams
+    preferences: Preferences
+    # Projections by name (the register_projections hook); "ui" is the built-in wire form.
+    projections: Mapping[str, Any]
+    webhooks: Webhooks
+    executor: Executor
+
+
 class RunRoutes:
-    def __init__(self, gateway: Gateway) -> None:
-        self.gw = gateway
+    def __init__(self, deps: RunRoutesDeps) -> None:
+        self.deps = deps
 
     async def _run(self, request: web.Request, action: str = "runs:read") -> Run:
-        run = await self.gw.runs.get(request.match_info["host_run_id"], request["actor"])
+        run = await self.deps.runs.get(request.match_info["host_run_id"], request["actor"])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
-        if self.gw.auth.authorizing:
-            await self.gw.auth.authorize(request, action, run_resource(run))
+        if self.deps.auth.authorizing:
+            await self.deps.auth.authorize(request, action, run_resource(run))
         return run
 
     def _projection(self, request: web.Request) -> Any:
         name = _query(request, "projection")
         if name is None:
             name = "ui"
-        project = self.gw.projections.get(name)
+        project = self.deps.projections.get(name)
         if project is ui_projection or (name == "ui" and project is None):
             return None  # the fast path: the event's own wire JSON
         if project is None:
             raise ApiError(
-                400, "unknown_projection", f"unknown projection {name!r}", known=sorted(["ui", *self.gw.projections])
+                400, "unknown_projection", f"unknown projection {name!r}", known=sorted(["ui", *self.deps.projections])
             )
         return project
 
@@ -110,10 +126,10 @@ class RunRoutes:
         # Checked before the run exists: a bad cursor must not leave a run behind.
         header = request.headers.get("Last-Event-ID") if stream else None
         after = _cursor(header, "Last-Event-ID") if header else 0
-        body = await apply_run_defaults(self.gw, request["actor"], await read_json(request))
+        body = await self.deps.preferences.apply_run_defaults(request["actor"], await read_json(request))
         try:
-            run, created = await self.gw.runs.create(
-                request["actor"], body, self.gw.auth.run_create_check(request), request.headers
+            run, created = await self.deps.runs.create(
+                request["actor"], body, self.deps.auth.run_create_check(request), request.headers
             )
         except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry
             response = error_response(refused.status, refused.code, str(refused), **refused.extra)
@@ -134,9 +150,9 @@ class RunRoutes:
         """The run's webhook delivery: attempts, last answer, outcome (null: the run has none)."""
         run = await self._run(request)
         row = None
-        if self.gw.webhooks.supported:
+        if self.deps.webhooks.supported:
             row = await asyncio.get_running_loop().run_in_executor(
-                self.gw.executor, self.gw.webhooks.storage.get_webhook, run.host_run_id
+                self.deps.executor, self.deps.webhooks.storage.get_webhook, run.host_run_id
             )
         return web.json_response({"hostRunId": run.host_run_id, "webhook": delivery_view(row)})
 
@@ -151,7 +167,7 @@ class RunRoutes:
         if not 1 <= limit <= MAX_PAGE:
             raise ApiError(400, "invalid_limit", f"limit must be 1..{MAX_PAGE}")
         project = self._projection(request)
-        events = await self.gw.journal.read(run.host_run_id, after, limit)
+        events = await self.deps.journal.read(run.host_run_id, after, limit)
         if project is None:
             items = b"[" + b",".join(e.wire_bytes() for e in events) + b"]"
         else:
@@ -183,21 +199,16 @@ class RunRoutes:
             status=status,
             headers=headers,
             topic=run.host_run_id,
-            journal=self.gw.journal,
-            bus=self.gw.bus,
             after_seq=after,
             is_finished=RunEnded(run),
-            capacity=self.gw.stream_capacity,
-            heartbeat=self.gw.heartbeat,
-            stats=self.gw.stream_stats,
             project=project,
-            send_timeout=self.gw.stream_send_timeout,
+            **self.deps.streams.options(),
         )
 
     async def cancel(self, request: web.Request) -> web.Response:
-        if self.gw.auth.authorizing:
+        if self.deps.auth.authorizing:
             await self._run(request, "runs:cancel")
-        run = await self.gw.runs.cancel(request.match_info["host_run_id"], request["actor"])
+        run = await self.deps.runs.cancel(request.match_info["host_run_id"], request["actor"])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         response = _receipt(run)
@@ -209,18 +220,18 @@ class RunRoutes:
         option_id = body.get("optionId") if isinstance(body, dict) else None
         if not isinstance(option_id, str) or not option_id or set(body) != {"optionId"}:
             raise ApiError(400, "invalid_request", 'send {"optionId": "<one of the offered options>"}')
-        if self.gw.auth.authorizing:
+        if self.deps.auth.authorizing:
             await self._run(request, "runs:permission")
-        run = await self.gw.runs.resolve_permission(
+        run = await self.deps.runs.resolve_permission(
             request.match_info["host_run_id"], request["actor"], request.match_info["request_id"], body["optionId"]
         )
         return _receipt(run)
 
     async def active_run(self, request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
-        if self.gw.auth.authorizing:
-            await self.gw.auth.authorize(request, "sessions:read", {"type": "session", "id": session_id})
-        run = await self.gw.runs.active_run(request["actor"], session_id)
+        if self.deps.auth.authorizing:
+            await self.deps.auth.authorize(request, "sessions:read", {"type": "session", "id": session_id})
+        run = await self.deps.runs.active_run(request["actor"], session_id)
         return web.json_response(
             {
                 "schema": "gateway.active_run.v1",
@@ -230,8 +241,8 @@ class RunRoutes:
         )
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
-    routes = RunRoutes(gateway)
+def setup(app: web.Application, deps: RunRoutesDeps) -> None:
+    routes = RunRoutes(deps)
     app.router.add_post("/v1/runs", routes.create)
     app.router.add_get("/v1/runs/{host_run_id}", routes.get)
     app.router.add_get("/v1/runs/{host_run_id}/events", routes.events)

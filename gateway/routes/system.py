@@ -8,17 +8,40 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent_gateway.descriptors import FieldSpec, registry_for
+from agent_gateway.cluster import Coordinator
+from agent_gateway.descriptors import Descriptors, FieldSpec
 from agent_gateway.errors import ApiError
+from agent_gateway.journal import Journal
 from agent_gateway.routes import sessions
 
 if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+    from agent_gateway.runs import RunManager
+    from agent_gateway.storage import Storage
+
+
+@dataclass(frozen=True)
+class SystemSources:
+    """What ``/v1/health`` and ``/openapi.json`` read."""
+
+    runtimes: Mapping[str, Any]
+    projections: Mapping[str, Any]
+    # Whether callers need a token ([auth]); whether /metrics is public anyway.
+    auth_required: bool
+    public_metrics: bool
+    descriptors: Descriptors
+    storage: Storage
+    journal: Journal
+    executor: Executor
+    runs: RunManager
+    coordinator: Coordinator
+
 
 OPENAPI_PATH = Path(__file__).resolve().parent.parent / "openapi.json"
 # How long readiness waits for the storage ping before reporting storage as down.
@@ -51,7 +74,7 @@ def preference_schema(spec: FieldSpec) -> dict[str, Any]:
 
 
 async def served_spec(
-    gateway: Gateway, spec: Mapping[str, Any], plugin_paths: Mapping[str, Mapping[str, Any]]
+    sources: SystemSources, spec: Mapping[str, Any], plugin_paths: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
     """The document as served: the static file, the plugins' paths, and what only this gateway
     knows filled in: its agent ids, projections and preference keys in the named schemas, and no
@@ -59,21 +82,21 @@ async def served_spec(
     served = copy.deepcopy(dict(spec))
     served["paths"] = {**served["paths"], **copy.deepcopy(dict(plugin_paths))}
     schemas = served["components"]["schemas"]
-    if gateway.runtimes:
-        schemas["AgentId"] = {**schemas["AgentId"], "enum": sorted(gateway.runtimes)}
-    schemas["Projection"] = {**schemas["Projection"], "enum": sorted({"ui", *gateway.projections})}
-    if not gateway.auth.required:  # the one local actor: no route asks for a token
+    if sources.runtimes:
+        schemas["AgentId"] = {**schemas["AgentId"], "enum": sorted(sources.runtimes)}
+    schemas["Projection"] = {**schemas["Projection"], "enum": sorted({"ui", *sources.projections})}
+    if not sources.auth_required:  # the one local actor: no route asks for a token
         served["security"] = []
-    if gateway.public_metrics or not gateway.auth.required:
+    if sources.public_metrics or not sources.auth_required:
         served["paths"]["/metrics"]["get"]["security"] = []
-    registry = await registry_for(gateway)
+    registry = await sources.descriptors.registry()
     values = schemas["PreferenceValues"]
     values["properties"] = {field.key: preference_schema(field) for field in registry.fields()}
     values["additionalProperties"] = False
     return served
 
 
-def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Mapping[str, Any]]) -> None:
+def setup(app: web.Application, sources: SystemSources, plugin_paths: Mapping[str, Mapping[str, Any]]) -> None:
     """``plugin_paths``: the OpenAPI path items plugins declare with their routes (a live,
     read-only view: plugins add routes after the core's)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
@@ -87,15 +110,15 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
 
     async def storage_up() -> bool:
         nonlocal ping_in_flight
-        ping = getattr(gateway.storage, "ping", None)
+        ping = getattr(sources.storage, "ping", None)
         if ping is None:  # a storage plugin without ping: nothing to ask
             return True
-        if time.monotonic() - gateway.journal.last_commit_at < COMMIT_VOUCHES_S:
+        if time.monotonic() - sources.journal.last_commit_at < COMMIT_VOUCHES_S:
             # The journal just committed: storage answered. A ping would queue behind its
             # commits and make the probe as slow as the busiest run.
             return True
         if ping_in_flight is None or ping_in_flight.done():
-            ping_in_flight = asyncio.get_running_loop().run_in_executor(gateway.executor, ping)
+            ping_in_flight = asyncio.get_running_loop().run_in_executor(sources.executor, ping)
             ping_in_flight.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             async with asyncio.timeout(HEALTH_PING_TIMEOUT_S):
@@ -117,11 +140,11 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
         body: dict[str, Any] = {
             "status": "ok" if up else "degraded",
             "storage": "up" if up else "down",
-            "agents": sorted(gateway.runtimes),
-            "activeRuns": len(gateway.runs.active_runs()),
-            "journalPending": gateway.journal.pending,
+            "agents": sorted(sources.runtimes),
+            "activeRuns": len(sources.runs.active_runs()),
+            "journalPending": sources.journal.pending,
         }
-        cluster = gateway.coordinator.health()
+        cluster = sources.coordinator.health()
         if cluster is not None:  # one instance of several: its id, lease, relay and sessions
             body["cluster"] = cluster
             if not cluster.get("ready", True):
@@ -130,7 +153,7 @@ def setup(app: web.Application, gateway: Gateway, plugin_paths: Mapping[str, Map
 
     async def openapi(request: web.Request) -> web.Response:
         if "body" not in served:  # built once: routes and registries are fixed once the app runs
-            served["body"] = json.dumps(await served_spec(gateway, spec, plugin_paths)).encode()
+            served["body"] = json.dumps(await served_spec(sources, spec, plugin_paths)).encode()
         return web.Response(body=served["body"], content_type="application/json")
 
     app.router.add_get("/v1/health", health)

@@ -11,35 +11,33 @@ Workspaces are the configured ``[workspaces] roots``; an unknown id, or another 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from agent_gateway.auth import Auth
 from agent_gateway.errors import ApiError
 from agent_gateway.models import parse_cursor
-from agent_gateway.sse import stream_run
-from agent_gateway.watcher import topic_for
-from agent_gateway.workspace_access import workspace_not_found
-
-if TYPE_CHECKING:
-    from agent_gateway.app import Gateway
+from agent_gateway.sse import Streams, stream_run
+from agent_gateway.watcher import Watcher, topic_for
+from agent_gateway.workspace_access import WorkspaceAccess, workspace_not_found
 
 CURSOR_TEXT = re.compile(r"[0-9]{0,18}")
 
 
-def setup(app: web.Application, gateway: Gateway) -> None:
+def setup(
+    app: web.Application, auth: Auth, watcher: Watcher, workspace_access: WorkspaceAccess, streams: Streams
+) -> None:
     async def events(request: web.Request) -> web.StreamResponse:
         workspace_id = request.match_info["workspace_id"]
-        watcher = gateway.watcher
         # Another actor's workspace ([workspaces] owners) answers like one that does not exist.
         if (
             not watcher.knows(workspace_id)
-            or not gateway.workspace_access.allows(request["actor"], workspace_id)
-            or not gateway.auth.may_use_workspace(request, workspace_id)  # the actor's workspaces claim
+            or not workspace_access.allows(request["actor"], workspace_id)
+            or not auth.may_use_workspace(request, workspace_id)  # the actor's workspaces claim
         ):
             raise workspace_not_found(workspace_id)
-        if gateway.auth.authorizing:
-            await gateway.auth.authorize(request, "workspaces:read", {"type": "workspace", "id": workspace_id})
+        if auth.authorizing:
+            await auth.authorize(request, "workspaces:read", {"type": "workspace", "id": workspace_id})
         header = request.headers.get("Last-Event-ID")
         name, raw = ("Last-Event-ID", header) if header else ("afterSeq", request.query.get("afterSeq"))
         try:
@@ -51,14 +49,9 @@ def setup(app: web.Application, gateway: Gateway) -> None:
         return await stream_run(
             request,
             topic=topic_for(workspace_id),
-            journal=gateway.journal,
-            bus=gateway.bus,
             after_seq=after,
             is_finished=lambda: False,
-            capacity=gateway.stream_capacity,
-            heartbeat=gateway.heartbeat,
-            stats=gateway.stream_stats,
-            send_timeout=gateway.stream_send_timeout,
+            **streams.options(),
         )
 
     app.router.add_get("/v1/workspaces/{workspace_id}/events", events)

@@ -28,10 +28,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agent_gateway.plugin_host import PluginHost
+from typing import Any, Protocol
 
 log = logging.getLogger("agent_gateway.sandbox")
 
@@ -387,13 +384,19 @@ def gateway_program_paths() -> list[Path]:
 # -- the service runtimes use ------------------------------------------------------------------
 
 
+class SandboxHooks(Protocol):
+    """The hook :class:`Sandbox` asks (the plugin host's ``sandbox_agent`` facade)."""
+
+    def sandbox_agent(self, launch: AgentLaunch) -> Any: ...
+
+
 class Sandbox:
     """Confines agent launches: asks the ``sandbox_agent`` hook, applies ``[sandbox] mode``."""
 
     def __init__(
         self,
         section: dict[str, Any],
-        plugins: PluginHost | None,
+        plugins: SandboxHooks | None,
         *,
         data_dir: Path,
         config_path: Path | None = None,

@@ -17,7 +17,7 @@ from agent_gateway import hookimpl
 if TYPE_CHECKING:
     from agent_gateway import PluginRoutes
 
-log = logging.getLogger("agent_gateway.plugins.ag_ui")
+log = logging.getLogger(__name__)
 MISSING = (
     "the AG-UI routes (/v1/ag-ui/...) are off: the `ag_ui` package is not installed "
     "(pip install 'agent-gateway[ag-ui]', which brings ag-ui-protocol)"

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from agent_gateway import Actor, ApiError, PluginError, bearer_token, hookimpl
 
-log = logging.getLogger("agent_gateway.auth_jwt")
+log = logging.getLogger(__name__)
 
 SECTION = "auth_jwt"
 DEFAULTS: dict[str, Any] = {

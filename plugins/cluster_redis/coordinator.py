@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent_gateway import ApiError, Coordinator, Event, NotOwner, PluginError, Run, now_ms
+from agent_gateway import ApiError, ClusterInstance, Coordinator, Event, NotOwner, PluginError, Run, now_ms
 
 from .envelope import REASONS, Rejected, Verifier, seal
 
-log = logging.getLogger("agent_gateway.cluster")
+log = logging.getLogger(__name__)
 
 ACTIVE = ("pending", "queued", "running", "awaiting_permission")
 # Writes of a run: fenced by the instance's lease.
@@ -167,7 +167,8 @@ class RedisCoordinator(Coordinator):
         self.relayed_in = 0
         self.relayed_out = 0
         self._inner: Any = None
-        self._gateway: Any = None
+        # All this coordinator uses of its gateway instance (set by `start`).
+        self._instance: ClusterInstance | None = None
         self._redis: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: deque[bytes] = deque()
@@ -237,7 +238,7 @@ class RedisCoordinator(Coordinator):
         return ended
 
     def _url(self) -> str | None:
-        return self._gateway.services.get("base_url") if self._gateway is not None else None
+        return self._instance.base_url if self._instance is not None else None
 
     def _renew(self) -> bool:
         cursor = self._sql(
@@ -299,7 +300,7 @@ class RedisCoordinator(Coordinator):
         return FencedStorage(storage, self)
 
     async def _db(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._gateway.executor, self._reconnecting, fn, args)
+        return await self._local.blocking(self._reconnecting, fn, args)
 
     def _reconnecting(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         """`fn(*args)` on this thread's connection; once more on a fresh one if the server had
@@ -313,7 +314,14 @@ class RedisCoordinator(Coordinator):
             database.discard_connection()
             return fn(*args)
 
-    async def start(self, gateway: Any) -> None:
+    @property
+    def _local(self) -> ClusterInstance:
+        """The gateway instance this coordinator belongs to (set by `start`)."""
+        if self._instance is None:
+            raise RuntimeError("the cluster coordinator is not started")
+        return self._instance
+
+    async def start(self, instance: ClusterInstance) -> None:
         import redis.asyncio as aioredis
 
         if self._verifier is None or len(self._secret) < MIN_SECRET_BYTES:
@@ -321,7 +329,7 @@ class RedisCoordinator(Coordinator):
                 f"cluster mode needs [cluster] secret (at least {MIN_SECRET_BYTES} bytes): "
                 "every message on Redis is signed with it"
             )
-        self._gateway = gateway
+        self._instance = instance
         await self._db(self._create_tables)
         self._deliver(await self._db(self._register))
         self._redis = aioredis.from_url(
@@ -346,7 +354,7 @@ class RedisCoordinator(Coordinator):
         # relay stops, so streams on other instances end too.
         with contextlib.suppress(Exception):
             async with asyncio.timeout(STOP_FLUSH_SECONDS):
-                await self._gateway.journal.flush()
+                await self._local.flush_journal()
                 while self._outbox:
                     self._outbox_ready.set()
                     await asyncio.sleep(0.01)  # the publisher empties the outbox; bounded by the timeout
@@ -495,10 +503,10 @@ class RedisCoordinator(Coordinator):
             "leaseSeconds": self.lease,
             "redis": "up" if self.redis_up else "down",
             "ownedSessions": len(self._owned_sessions),
-            "activeRuns": [run.host_run_id for run in self._gateway.runs.active_runs()] if self._gateway else [],
+            "activeRuns": self._instance.active_run_ids() if self._instance else [],
             "takeovers": self.takeovers,
             "rejoins": self.rejoins,
-            "fencedEvents": self._gateway.journal.fenced if self._gateway else 0,
+            "fencedEvents": self._instance.fenced_events if self._instance else 0,
             "relayedIn": self.relayed_in,
             "relayedOut": self.relayed_out,
             "messagesRejected": dict(self.rejected),
@@ -531,13 +539,11 @@ class RedisCoordinator(Coordinator):
             self.committed(run_events)
 
     def _resync(self, topic: str | None = None) -> None:
-        bus = self._gateway.bus
         if topic is None:
             self._relayed_seq.clear()
-            bus.resync(lambda t: True)
         else:
             self._relayed_seq.pop(topic, None)
-            bus.resync(lambda t: t == topic)
+        self._local.resync(topic)
 
     async def _publish_loop(self) -> None:
         backoff = 0.05
@@ -667,8 +673,8 @@ class RedisCoordinator(Coordinator):
             return  # this instance delivered its own events already
         topic_bytes, _, body = rest.partition(b"\x00")
         topic = topic_bytes.decode()
-        bus = self._gateway.bus
-        if not bus.subscriber_count(topic):
+        instance = self._local
+        if not instance.has_streams(topic):
             self._relayed_seq.pop(topic, None)
             return
         events = [Event.from_wire(item) for item in json.loads(body)]
@@ -681,29 +687,31 @@ class RedisCoordinator(Coordinator):
                 self._relayed_seq.pop(topic, None)
             else:
                 self._relayed_seq[topic] = events[-1].seq
-            bus.resync(lambda t: t == topic)
+            instance.resync(topic)
             return
         self.relayed_in += len(events)
         if events[-1].is_terminal:
             self._relayed_seq.pop(topic, None)
         else:
             self._relayed_seq[topic] = events[-1].seq
-        bus.publish_many(topic, events)
+        instance.publish(topic, events)
 
     async def _answer(self, request: dict[str, Any]) -> None:
-        runs = self._gateway.runs
+        instance = self._local
         args = request.get("args") or {}
         answer: dict[str, Any] = {"id": request.get("id")}
         try:
             op = request.get("op")
             if op == "create":
-                run, created = await runs.create(args["actorId"], args["body"])
+                run, created = await instance.create_run(args["actorId"], args["body"])
                 answer["ok"] = {"hostRunId": run.host_run_id, "created": created}
             elif op == "cancel":
-                run = await runs.cancel(args["hostRunId"], args["actorId"])
+                run = await instance.cancel_run(args["hostRunId"], args["actorId"])
                 answer["ok"] = {"status": run.status if run else None}
             elif op == "permission":
-                await runs.resolve_permission(args["hostRunId"], args["actorId"], args["requestId"], args["optionId"])
+                await instance.resolve_permission(
+                    args["hostRunId"], args["actorId"], args["requestId"], args["optionId"]
+                )
                 answer["ok"] = {}
             else:
                 raise ApiError(400, "invalid_request", f"unknown cluster operation {op!r}")
@@ -749,12 +757,12 @@ class RedisCoordinator(Coordinator):
         log.error("cluster: instance %s stops its runs: %s", self.instance_id, why)
         self.lease_lost = True
         self._owned_sessions.clear()
-        self._gateway.runs.abandon()
+        self._local.abandon_runs()
 
     async def _rejoin_when_idle(self) -> None:
         """Once its abandoned runs are gone (nothing of theirs can be written any more), join
         again under a new token."""
-        if self._gateway.runs.active_runs() or self._gateway.journal.pending:
+        if self._local.active_run_ids() or self._local.journal_pending:
             return
         self._deliver(await self._db(self._register))
         self.lease_lost = False

@@ -26,22 +26,34 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import peewee
 from playhouse.migrate import PostgresqlMigrator, SchemaMigrator, SqliteMigrator
 
 from agent_gateway import now_ms
 
-if TYPE_CHECKING:
-    from .store import PeeweeStorage
-
-log = logging.getLogger("agent_gateway.storage")
+log = logging.getLogger(__name__)
 
 # The PostgreSQL advisory lock key that serialises schema changes (any fixed 64-bit number).
 SCHEMA_LOCK_KEY = 0x61675F736368656D  # "ag_schem"
 VERSION_TABLE = "schema_version"
 JOURNAL = "journal"
+
+
+class PeeweeStorage(Protocol):
+    """What migrations use of the storage (``store.PeeweeStorage``; declared here so the store
+    imports this module and not the other way round)."""
+
+    database: peewee.Database
+    is_sqlite: bool
+    table_prefix: str
+    schema: str | None
+
+    def _qualified(self, table: str) -> str: ...
+
+    def _write(self) -> AbstractContextManager[None]: ...
 
 
 class SchemaVersionTooNew(RuntimeError):

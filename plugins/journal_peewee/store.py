@@ -53,7 +53,7 @@ from .migrations import JOURNAL, JOURNAL_MIGRATIONS, Migration, read_version, ru
 from .outbox import OutboxMixin
 from .sessions import SessionIndexMixin
 
-log = logging.getLogger("agent_gateway.storage")
+log = logging.getLogger(__name__)
 
 SQLITE_SCHEMES = frozenset({"sqlite"})
 POSTGRES_SCHEMES = frozenset({"postgres", "postgresql"})

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-log = logging.getLogger("agent_gateway.lightrag")
+log = logging.getLogger(__name__)
 
 
 class ProviderError(Exception):

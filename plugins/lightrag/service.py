@@ -43,7 +43,7 @@ from .mapping import (
     split_sources,
 )
 
-log = logging.getLogger("agent_gateway.lightrag")
+log = logging.getLogger(__name__)
 
 QUERY_SCHEMA = "gateway.knowledge_rag.query_result.v1"
 OPEN_SCHEMA = "gateway.knowledge_rag.open_reference.v1"

@@ -25,7 +25,7 @@ from typing import Any
 
 from agent_gateway import Config, Run, RunTrace, ToolCall, hookimpl
 
-log = logging.getLogger("agent_gateway.otel")
+log = logging.getLogger(__name__)
 
 SECTION = "otel"
 DEFAULTS: dict[str, Any] = {
@@ -107,7 +107,7 @@ def tool_call_completed(call: ToolCall, receipt: dict[str, Any]) -> None:
 
 
 @hookimpl
-def gateway_shutdown(app: Any) -> Awaitable[None] | None:
+def gateway_shutdown(context: Any) -> Awaitable[None] | None:
     telemetry = _telemetry
     if telemetry is None or not telemetry.owned:
         return None

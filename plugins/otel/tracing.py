@@ -20,7 +20,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from agent_gateway import ModelCallTrace, Run, RunTrace, ToolCall, __version__
 
-log = logging.getLogger("agent_gateway.otel")
+log = logging.getLogger(__name__)
 
 INSTRUMENTATION = "agent_gateway"
 DEFAULT_SERVICE_NAME = "agent-gateway"

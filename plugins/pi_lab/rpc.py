@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("agent_gateway.plugins.pi_lab.rpc")
+log = logging.getLogger(__name__)
 
 STDERR_TAIL_LINES = 60
 READ_LIMIT = 64 * 1024 * 1024  # one record may hold a whole message list (agent_end)

@@ -53,7 +53,7 @@ from agent_gateway import (
 from .mapping import EventMapper
 from .rpc import PiError, PiExited, PiProcess
 
-log = logging.getLogger("agent_gateway.plugins.pi_lab")
+log = logging.getLogger(__name__)
 
 AGENT_ID = "pi-lab"
 PROVIDER_NAME = "gateway"
@@ -354,11 +354,10 @@ class PiRuntime:
 
     def home_for(self, turn: Turn) -> Path:
         """Pi's own home for the run's actor: its agent directory and sessions never cross actors."""
-        sandbox = turn.services.get("sandbox")
+        sandbox = turn.sandbox
         if sandbox is not None:
             return Path(sandbox.home_for(AGENT_ID, turn.run.actor_id))
-        data_dir = Path(turn.services.get("data_dir") or self.settings.root.parent.parent)
-        return data_dir / "agent-homes" / AGENT_ID / safe_name(turn.run.actor_id)
+        return turn.data_dir / "agent-homes" / AGENT_ID / safe_name(turn.run.actor_id)
 
     def _launch(self, turn: Turn, key: BindingKey, home: Path, session_dir: Path, resume: Path | None) -> AgentLaunch:
         """What Pi's process for this binding needs: see :class:`agent_gateway.AgentLaunch`."""
@@ -378,7 +377,7 @@ class PiRuntime:
         if resume is not None:
             argv += ["--session", str(resume)]
         argv += list(s.extra_args)
-        root = (turn.services.get("workspace_roots") or {}).get(key.workspace_id)
+        root = turn.workspace_roots.get(key.workspace_id)
         workspace_root = Path(root) if root is not None else None
         # A run without a workspace folder gets an empty one of Pi's own, never the gateway's.
         workspace_dir = workspace_root if workspace_root is not None else home / "no-workspace"
@@ -387,8 +386,8 @@ class PiRuntime:
             for allowed in allowed_roots_of(workspace_root, list(key.roots)):
                 if allowed.absolute is not None:
                     writable.append((allowed.absolute, workspace_dir / allowed.label.rstrip("/")))
-        data_dir = str(turn.services.get("data_dir") or s.root.parent.parent)
-        base_url = turn.services.get("base_url")
+        data_dir = str(turn.data_dir)
+        base_url = turn.base_url
         return AgentLaunch(
             agent_id=AGENT_ID,
             actor_id=key.actor_id,
@@ -409,7 +408,7 @@ class PiRuntime:
     ) -> PiProcess:
         s = self.settings
         launch = self._launch(turn, key, home, session_dir, resume)
-        sandbox = turn.services.get("sandbox")
+        sandbox = turn.sandbox
         await asyncio.to_thread(self._prepare_home, launch)
         if sandbox is not None:
             command: SandboxedCommand = await sandbox.confine(launch)
@@ -451,14 +450,11 @@ class PiRuntime:
         environment its ``${VAR}`` references need."""
         env: dict[str, str] = {}
         servers: dict[str, Any] = dict(self.settings.mcp_servers)
-        provider = turn.services.get("mcp_servers_for")
         entries: list[dict[str, Any]] = []
-        if provider is not None:
-            try:
-                found = provider(turn, self.policy, base_url=base_url) if base_url else provider(turn, self.policy)
-                entries = list(found or [])
-            except Exception:
-                log.exception("mcp_servers_for failed; pi starts without the gateway tools")
+        try:
+            entries = list(turn.mcp_servers(self.policy, base_url=base_url))
+        except Exception:
+            log.exception("the gateway's MCP servers could not be listed; pi starts without the gateway tools")
         for entry in entries:
             converted = acp_to_pi_mcp(entry, env)
             if converted is not None:

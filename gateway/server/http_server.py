@@ -38,7 +38,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from agent_gateway.errors import error_response
-from agent_gateway.fairness import waiting_requests
+from agent_gateway.server.fairness import waiting_requests
 
 log = logging.getLogger("agent_gateway.http")
 

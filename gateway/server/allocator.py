@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-log = logging.getLogger("agent_gateway.allocator")
+log = logging.getLogger("agent_gateway.server.allocator")
 
 # Seconds between two idle passes (collection + trim): a stream of short runs, each ending with the
 # gateway idle, costs at most one collection per period.
