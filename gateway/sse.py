@@ -7,7 +7,7 @@ opens; a client that stops reading is cut off after the send timeout; at shutdow
 (`StreamStats.stop_all`) every stream writes what it has buffered and ends.
 
 An idle stream costs little (10,000 of them on one instance). Once its headers are out, its
-connection leaves aiohttp (`http_server.hand_off`): aiohttp's request, parser and request tasks
+connection leaves aiohttp (`server.http_server.hand_off`): aiohttp's request, parser and request tasks
 are freed, and the stream goes on in one task of its own, writing HTTP/1.1 chunks to the
 connection, which closes when the stream ends (the headers say `Connection: close`). No timer of
 its own either: one heartbeat timer per period wakes every open stream; an idle one then checks
@@ -374,7 +374,7 @@ class RunStream:
         """Stream on the prepared response, and end it (called by its first `write_eof`). Nothing
         is held in the bus or the stats before this starts: a response aiohttp never gets to
         (the client left while it was prepared) leaves nothing behind. Once the headers are out
-        the connection is handed off from aiohttp where it can be (`http_server.hand_off`): this
+        the connection is handed off from aiohttp where it can be (`server.http_server.hand_off`): this
         returns, aiohttp's request task ends, and the stream goes on in a task of its own."""
         # Subscribed before the first journal read, so no event falls between the two.
         # merge_deltas=False: a full buffer always goes back to the journal, so the client's

@@ -15,8 +15,8 @@ from aiohttp.web_protocol import RequestHandler
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from agent_gateway import http_server
-from agent_gateway.http_server import (
+from agent_gateway.server import http_server
+from agent_gateway.server.http_server import (
     AIOHTTP_INTERNALS,
     AIOHTTP_TESTED,
     GatewayRunner,

@@ -749,7 +749,7 @@ async def test_a_denying_authorize_refuses_every_kind_of_resource(
     holding = await created(client, ALICE_TOKEN, message="hold on", workspaceId="ws")
     await fake_llm.wait_for_requests(seen + 1, timeout=WAIT)  # the run is in its model call
     run = next(r for r in gateway.runs.active_runs() if r.host_run_id == holding["hostRunId"])
-    lease = {"Authorization": f"Bearer {run_lease(gateway, run)}"}
+    lease = {"Authorization": f"Bearer {run_lease(gateway.mcp, run)}"}
 
     async def tool_call() -> dict[str, Any]:
         message = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}

@@ -706,8 +706,8 @@ class RedisCoordinator(Coordinator):
                 run, created = await instance.create_run(args["actorId"], args["body"])
                 answer["ok"] = {"hostRunId": run.host_run_id, "created": created}
             elif op == "cancel":
-                run = await instance.cancel_run(args["hostRunId"], args["actorId"])
-                answer["ok"] = {"status": run.status if run else None}
+                cancelled = await instance.cancel_run(args["hostRunId"], args["actorId"])
+                answer["ok"] = {"status": cancelled.status if cancelled else None}
             elif op == "permission":
                 await instance.resolve_permission(
                     args["hostRunId"], args["actorId"], args["requestId"], args["optionId"]
