@@ -720,3 +720,12 @@ def test_a_cut_inside_a_merged_delta_resumes_from_the_unmerged_journal_without_l
         assert text == "abc", (cursor, had, resumed)
         ids = {e["messageId"] for e in had + resumed if e["type"].startswith("TEXT_MESSAGE")}
         assert ids == {"run_x-msg-2"}
+
+
+async def test_a_null_multitask_strategy_is_the_default(make_gateway: MakeGateway) -> None:
+    # The operation declares the field nullable: null means "not chosen", never a 400 from the core.
+    client = await make_gateway()
+    body = agui_input("hello", forwardedProps={"agentGateway": {"workspaceId": "local:test", "multitaskStrategy": None}})
+    response, raw = await post_run(client, "chat-only", body)
+    assert response.status == 200, raw[:500]
+    assert [e["type"] for _id, e in parse(raw)][-1] == "RUN_FINISHED"

@@ -75,11 +75,14 @@ class EchoArea:
 
 
 def config_for(tmp_path: Path, fake_llm_url: str, **sections: dict[str, Any]) -> Config:
-    overrides = {
+    # a section given is merged into the defaults: a `gateway` section must keep the test's data dir
+    # (without it the gateway opened the user's own ~/.local/share/agent-gateway database)
+    overrides: dict[str, dict[str, Any]] = {
         "gateway": {"data_dir": str(tmp_path / "data")},
         "chat_only": {"base_url": fake_llm_url, "model": "m"},
-        **sections,
     }
+    for name, section in sections.items():
+        overrides[name] = {**overrides.get(name, {}), **section}
     return Config.load(None, env={}, overrides=overrides)
 
 

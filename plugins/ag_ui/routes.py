@@ -268,6 +268,8 @@ def run_body(agent_id: str, body: Any) -> dict[str, Any]:
     if isinstance(props, dict) and "agentGateway" in props and not isinstance(gateway, dict):
         raise ApiError(400, "invalid_request", "forwardedProps.agentGateway must be an object")
     request: dict[str, Any] = {k: gateway[k] for k in GATEWAY_PROPS if gateway and k in gateway}
+    if "multitaskStrategy" in request and request["multitaskStrategy"] is None:
+        del request["multitaskStrategy"]  # null is "not chosen" (the declared schema allows it): the default
     context = request.get("context", {})
     if context is None:  # as the core takes a null context
         context = {}
