@@ -8,7 +8,12 @@ fake ACP agent as a real subprocess) cannot take client tools: 400 ``tools_not_s
 
 from __future__ import annotations
 
+import ast
+import asyncio
+import contextlib
+import io
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -395,3 +400,41 @@ async def test_langchain_bind_tools(gateway: TestClient, fake_llm: FakeOpenAI) -
     message = await chat.bind_tools([get_weather]).ainvoke(QUESTION)
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris"})]  # type: ignore[attr-defined]
     assert fake_llm.requests[0]["tools"][0]["function"]["name"] == "get_weather"
+
+
+# -- the documented examples ---------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "openai-compatible.md"
+
+
+def doc_block(name: str) -> str:
+    (block,) = re.findall(rf"^```python {name}\n(.*?)^```$", DOC.read_text(encoding="utf-8"), re.S | re.M)
+    return str(block)
+
+
+async def test_the_documented_tool_loop_runs_against_the_gateway(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI
+) -> None:
+    client = await make_gateway(tokens={"my-gateway-token": "docs"})
+    fake_llm.add(tool_call_reply(), Reply(text="Sunny in Paris."), '{"name": "Paris", "country": "France"}')
+    code = doc_block("client-tools").replace("http://127.0.0.1:8787/v1", str(client.make_url("/v1")))
+    printed = io.StringIO()
+
+    def run() -> None:  # the synchronous SDK, off the event loop that serves the gateway
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, str(DOC), "exec"), {})
+
+    async with asyncio.timeout(WAIT):
+        await asyncio.to_thread(run)
+    assert printed.getvalue() == "Sunny in Paris.\n{'name': 'Paris', 'country': 'France'}\n"
+    assert fake_llm.requests[1]["messages"][-1] == {
+        "role": "tool",
+        "tool_call_id": "call_weather",
+        "content": "sunny, 24 C in Paris",
+    }
+    assert fake_llm.requests[2]["response_format"]["json_schema"]["name"] == "city"
+
+
+@pytest.mark.parametrize("name", ["pydantic-ai", "agents-sdk"])
+def test_the_documented_framework_examples_parse(name: str) -> None:
+    ast.parse(doc_block(name))
