@@ -225,6 +225,25 @@ async def test_a_function_call_round_trip_through_responses(
     assert forwarded[-1] == {"role": "tool", "tool_call_id": "call_weather", "content": "sunny"}
 
 
+async def test_tool_results_after_previous_response_id(sdk: openai.AsyncOpenAI, fake_llm: FakeOpenAI) -> None:
+    """A client that lets the server keep the conversation sends only the results."""
+    fake_llm.add(tool_call_reply(), Reply(text="Sunny."))
+    first = await sdk.responses.create(model="chat-only", input=QUESTION, tools=[RESPONSES_TOOL])  # type: ignore[list-item]
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    answer = await sdk.responses.create(
+        model="chat-only",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],  # type: ignore[union-attr]
+        tools=[RESPONSES_TOOL],  # type: ignore[list-item]
+    )
+    assert answer.output_text == "Sunny."
+    forwarded = fake_llm.requests[1]["messages"]
+    assert [m["content"] for m in forwarded if m["role"] == "user"] == [QUESTION]
+    assert [m["role"] for m in forwarded[-3:]] == ["user", "assistant", "tool"]
+    assert forwarded[-2]["tool_calls"][0]["id"] == "call_weather"
+    assert forwarded[-1] == {"role": "tool", "tool_call_id": "call_weather", "content": "sunny"}
+
+
 async def test_responses_text_format_becomes_response_format(sdk: openai.AsyncOpenAI, fake_llm: FakeOpenAI) -> None:
     fake_llm.add('{"ok": true}')
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

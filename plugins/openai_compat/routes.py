@@ -23,7 +23,14 @@ from aiohttp import web
 from agent_gateway import ApiError, Event, PluginRoutes, Run, read_json
 
 from .client_tools import IGNORED_HEADER, ClientToolsRequest
-from .mapping import RESPONSE_PREFIX, RESPONSE_STATUS, ChatCompletion, ResponseStream
+from .mapping import (
+    CLIENT_TOOL_CALL,
+    RESPONSE_PREFIX,
+    RESPONSE_STATUS,
+    ChatCompletion,
+    ResponseStream,
+    client_tool_call,
+)
 
 SESSION_HEADER = "X-Agent-Gateway-Session"
 MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
@@ -305,6 +312,31 @@ class OpenAIRoutes:
         last_user = max(users, default=-1)
         return ClientToolsRequest.from_responses(body, items, last_user)
 
+    async def _tool_results_only(self, request: web.Request, body: dict[str, Any]) -> tuple[str, Run] | None:
+        """A response continued by ``previous_response_id`` whose input holds tool results and no
+        user message (a client that lets the server keep the conversation): the earlier
+        response's question and run, whose function calls these results answer; else None."""
+        items, previous = body.get("input"), body.get("previous_response_id")
+        if not isinstance(previous, str) or not isinstance(items, list) or not items:
+            return None
+        if not all(isinstance(item, dict) for item in items):
+            return None
+        if any(item.get("role") == "user" for item in items):
+            return None
+        if not any(item.get("type") == "function_call_output" for item in items):
+            return None
+        run = await self._run_of_response(request, previous, "previous_response_id")
+        return str(run.request.get("message", "")), run
+
+    async def _earlier_calls(self, run: Run) -> list[dict[str, Any]]:
+        """The ``function_call`` input items of the client tools ``run``'s model asked for."""
+        calls = []
+        for event in await self._all_events(run):
+            call = client_tool_call(event.payload) if event.kind == CLIENT_TOOL_CALL else None
+            if call is not None:
+                calls.append({"type": "function_call", "call_id": call["id"], **call})
+        return calls
+
     def _response(self, run: Run, events: list[Event], ignored: list[str] | None = None) -> dict[str, Any]:
         stream = ResponseStream(run, reasoning=self.reasoning, ignored=ignored)
         stream.fold(events)
@@ -316,8 +348,14 @@ class OpenAIRoutes:
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         agent = await self._model(body)
-        message = self._input_text(body)
-        options, ignored = self._client_tools(agent, self._responses_tools(body))
+        continued = await self._tool_results_only(request, body)
+        if continued is None:
+            message, asked = self._input_text(body), self._responses_tools(body)
+        else:
+            message, earlier = continued
+            items = [*await self._earlier_calls(earlier), *body["input"]]
+            asked = ClientToolsRequest.from_responses(body, items, -1)
+        options, ignored = self._client_tools(agent, asked)
         stream = bool(_optional(body, "stream", bool, "a boolean"))
         background = bool(_optional(body, "background", bool, "a boolean"))
         previous = _optional(body, "previous_response_id", str, "a string")
