@@ -138,7 +138,9 @@ async def test_a_tool_call_round_trip(
     assert [e["payload"] for e in answered] == [{"toolCallId": "call_weather", "content": "sunny, 24 C"}]
 
 
-async def test_a_pinned_session_sends_the_question_once(sdk: openai.AsyncOpenAI, fake_llm: FakeOpenAI) -> None:
+async def test_a_pinned_session_sends_the_question_once(
+    sdk: openai.AsyncOpenAI, gateway: TestClient, fake_llm: FakeOpenAI
+) -> None:
     fake_llm.add(tool_call_reply(), Reply(text="Sunny."))
     pinned = {"session_id": "weather-session"}
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
@@ -156,6 +158,13 @@ async def test_a_pinned_session_sends_the_question_once(sdk: openai.AsyncOpenAI,
     forwarded = fake_llm.requests[1]["messages"]
     assert [m["content"] for m in forwarded if m["role"] == "user"] == [QUESTION]
     assert [m["role"] for m in forwarded[-3:]] == ["user", "assistant", "tool"]
+    # The session's history shows the call as a tool card of the first run, then the answer.
+    detail = await gateway.get("/v1/sessions/weather-session", headers={"Authorization": f"Bearer {TOKEN}"})
+    runs = (await detail.json())["runs"]
+    transcripts = sorted((r["transcript"] for r in runs), key=lambda t: len(t["tools"]), reverse=True)
+    cards = transcripts[0]["tools"]
+    assert [(c["toolCallId"], c["tool"], c["status"]) for c in cards] == [("call_weather", "get_weather", "client")]
+    assert transcripts[1]["answer"]["text"] == "Sunny."
 
 
 async def test_response_format_json_schema_passes_through(sdk: openai.AsyncOpenAI, fake_llm: FakeOpenAI) -> None:
