@@ -356,7 +356,8 @@ def _answer_with_the_offered_tool(arguments: dict[str, Any]) -> Any:
     return reply
 
 
-async def test_pydantic_ai_structured_output(gateway: TestClient, fake_llm: FakeOpenAI) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_stream"])
+async def test_pydantic_ai_structured_output(gateway: TestClient, fake_llm: FakeOpenAI, stream: bool) -> None:
     from pydantic import BaseModel
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIChatModel
@@ -369,15 +370,20 @@ async def test_pydantic_ai_structured_output(gateway: TestClient, fake_llm: Fake
     fake_llm.default = _answer_with_the_offered_tool({"name": "Paris", "country": "France"})
     provider = OpenAIProvider(base_url=str(gateway.make_url("/v1")), api_key=TOKEN)
     agent = Agent(OpenAIChatModel("chat-only", provider=provider), output_type=City)
-    result = await agent.run("The capital of France?")
-    assert result.output == City(name="Paris", country="France")
+    if stream:
+        async with agent.run_stream("The capital of France?") as streamed:
+            output = await streamed.get_output()
+    else:
+        output = (await agent.run("The capital of France?")).output
+    assert output == City(name="Paris", country="France")
     # pydantic-ai's output tool reached the upstream as a tool the model must call.
     (tool,) = fake_llm.requests[0]["tools"]
     assert tool["function"]["parameters"]["properties"].keys() == {"name", "country"}
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_streamed"])
 @pytest.mark.parametrize("api", ["chat_completions", "responses"])
-async def test_agents_sdk_function_tool(gateway: TestClient, fake_llm: FakeOpenAI, api: str) -> None:
+async def test_agents_sdk_function_tool(gateway: TestClient, fake_llm: FakeOpenAI, api: str, stream: bool) -> None:
     from agents import (
         Agent,
         OpenAIChatCompletionsModel,
@@ -405,11 +411,17 @@ async def test_agents_sdk_function_tool(gateway: TestClient, fake_llm: FakeOpenA
     )
     try:
         agent = Agent(name="weather", instructions="Answer with the weather.", tools=[get_weather], model=model)
-        result = await Runner.run(agent, QUESTION)
+        if stream:
+            streamed = Runner.run_streamed(agent, QUESTION)
+            async for _event in streamed.stream_events():
+                pass
+            final_output = streamed.final_output
+        else:
+            final_output = (await Runner.run(agent, QUESTION)).final_output
     finally:
         await client.close()
     assert looked_up == ["Paris"]
-    assert result.final_output == "done"
+    assert final_output == "done"
     second = fake_llm.requests[1]["messages"]
     assert second[-1]["role"] == "tool" and second[-1]["content"] == "sunny in Paris"
 
