@@ -268,6 +268,32 @@ async def test_responses_text_format_becomes_response_format(sdk: openai.AsyncOp
     }
 
 
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": {"type": "function"}}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"}]},
+            "messages[1].tool_call_id",
+        ),
+    ],
+)
+async def test_malformed_client_tools_are_a_400_naming_the_field(
+    gateway: TestClient, fake_llm: FakeOpenAI, extra: dict[str, Any], param: str
+) -> None:
+    body = {"model": "chat-only", "messages": [{"role": "user", "content": "q"}], **extra}
+    response = await gateway.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param)
+    assert fake_llm.requests == []  # nothing reached the upstream
+
+
 # -- a runtime that cannot take client tools ----------------------------------------------------------
 
 

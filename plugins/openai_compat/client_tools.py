@@ -91,11 +91,9 @@ class ClientToolsRequest:
             _name(function.get("name"), f"{param}.function.name")
             request.tools.append({"type": "function", "function": function})
         choice = body.get("tool_choice")
-        if choice is not None:
-            if isinstance(choice, dict):
-                _name(_object(choice.get("function"), "tool_choice.function").get("name"), "tool_choice.function.name")
-            elif choice not in TOOL_CHOICES:
-                raise _bad("tool_choice must be 'auto', 'none', 'required' or a function", "tool_choice")
+        if choice is not None:  # an object (a function, allowed tools, ...) is the upstream's to check
+            if not isinstance(choice, dict) and choice not in TOOL_CHOICES:
+                raise _bad("tool_choice must be 'auto', 'none', 'required' or an object", "tool_choice")
             request.tool_choice = choice
         request.parallel_tool_calls = _parallel(body)
         response_format = body.get("response_format")
@@ -211,7 +209,7 @@ class ClientToolsRequest:
             code,
             f"the model {agent!r} cannot take {what} ({', '.join(self.fields)}): its agent uses its own tools; "
             "send the request without them, or use an agent whose policy has clientTools (chat-only)",
-            param=self.fields[0].split(" ")[0],
+            param=self.fields[0] if self.fields[0] != "tool results" else None,
         )
 
 
