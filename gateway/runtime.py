@@ -42,6 +42,12 @@ class RuntimePolicy:
     # earlier turns is only what the gateway sends it each turn, so a turn left out is forgotten.
     # An agent that keeps its own session cannot.
     can_rollback: bool = False
+    # The runtime takes tools the client defines and runs itself (OpenAI `tools`, AG-UI `tools`),
+    # and a structured-output request (`response_format`): its model may answer with calls to
+    # them. A protocol plugin passes them in the run's `options.clientTools` and returns the
+    # calls (`client_tool.requested` events) to the client; for a runtime without it, the plugin
+    # refuses such a request (400 `tools_not_supported`) or, configured so, ignores them.
+    client_tools: bool = False
     # Anything else a plugin or a `negotiate_runtime_policy` hook wants clients to see.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -51,6 +57,7 @@ class RuntimePolicy:
             "loadSession": self.load_session,
             "mcpHttp": self.mcp_http,
             "canRollback": self.can_rollback,
+            "clientTools": self.client_tools,
             **self.extra,
         }
 

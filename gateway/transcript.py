@@ -157,6 +157,12 @@ def transcript_ops(event: Event) -> list[dict[str, Any]]:
         return [{"op": "thought.append", "text": text}] if text else []
     if kind in ("tool.started", "tool.updated", "tool.completed"):
         return _tool_ops(event)
+    if kind == "client_tool.requested":  # a call of a tool the client runs itself: a card, no output
+        call_id, name = payload.get("toolCallId"), payload.get("name")
+        if not isinstance(call_id, str) or not call_id:
+            return []
+        card = {"toolCallId": call_id, "title": name if isinstance(name, str) else None, "kind": "client"}
+        return [{"op": "tool.upsert", "card": {**card, "tool": card["title"], "status": "client", "seq": event.seq}}]
     if kind == "plan.updated":
         entries = payload.get("entries")
         return [{"op": "plan.set", "entries": entries if isinstance(entries, list) else []}]

@@ -370,7 +370,7 @@ async def test_policy_negotiated_from_initialize(make_gateway: MakeGateway) -> N
     assert basic_policy["loadSession"] is False and replay_policy["loadSession"] is True
     # the fake agents declare stdio MCP only (no mcpCapabilities.http)
     assert basic_policy["mcpHttp"] is False and replay_policy["mcpHttp"] is False
-    assert set(basic_policy) == {"contextCarrier", "loadSession", "mcpHttp", "canRollback", "negotiated"}
+    assert set(basic_policy) == {"contextCarrier", "loadSession", "mcpHttp", "canRollback", "clientTools", "negotiated"}
     assert (await agent_descriptor(client, "fake-basic"))["liveBindings"] == 1
 
 

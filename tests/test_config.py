@@ -154,7 +154,7 @@ def test_programmatic_overrides_win_over_environment() -> None:
 def test_unknown_section_and_unknown_key(tmp_path: Path) -> None:
     path = write(tmp_path, '[gatway]\nport = 1\n[gateway]\nprot = 1\n[chat_only]\nbase_ulr = "x"\n')
     problems = load(path).problems()
-    known = "acp_agents, auth, auth_jwt, chat_only, cluster, gateway, "
+    known = "acp_agents, ag_ui, auth, auth_jwt, chat_only, cluster, gateway, "
     assert problems[0].startswith(f"{path}: gatway: unknown section (known: {known}")
     assert problems[1:] == [f"{path}: gateway.prot: unknown key", f"{path}: chat_only.base_ulr: unknown key"]
 

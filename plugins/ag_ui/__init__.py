@@ -10,7 +10,8 @@ docs/ag-ui.md.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from agent_gateway import hookimpl
 
@@ -24,6 +25,24 @@ MISSING = (
 )
 
 
+SECTION = "ag_ui"
+CLIENT_TOOLS_CHOICES = ("reject", "ignore")
+# client_tools: what an input with `tools` for an agent that cannot take them gets: a 400
+# `tools_not_supported`, or a run without them (RUN_STARTED's metadata says what it ignored).
+DEFAULTS: dict[str, Any] = {"client_tools": "reject"}
+
+
+def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+    if section["client_tools"] not in CLIENT_TOOLS_CHOICES:
+        return [("client_tools", f"must be one of {', '.join(repr(c) for c in CLIENT_TOOLS_CHOICES)}")]
+    return []
+
+
+@hookimpl
+def config_sections(register: Callable[..., None]) -> None:
+    register(SECTION, DEFAULTS, _validate, "AG-UI endpoints (/v1/ag-ui/...).")
+
+
 @hookimpl
 def register_routes(routes: PluginRoutes) -> None:
     try:
@@ -33,4 +52,4 @@ def register_routes(routes: PluginRoutes) -> None:
             raise
         log.info(MISSING)  # an optional extra, not a fault: the default install has no AG-UI
         return
-    setup(routes)
+    setup(routes, routes.config.section(SECTION)["client_tools"])

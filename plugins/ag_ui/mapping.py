@@ -99,6 +99,7 @@ class AgUiTranslator:
         self.steps: list[str] = []  # open steps (plan entries in progress), in order
         self.state: dict[str, Any] = {}
         self.finished = False
+        self.ignored: list[str] = []  # input fields the run left out (`[ag_ui] client_tools`)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _close_text(self, out: list[BaseEvent]) -> None:
@@ -160,6 +161,20 @@ class AgUiTranslator:
             self.tools[call_id] = True
         if kind == "tool.completed" or payload.get("status") in _TOOL_DONE:
             self._end_tool(call_id, payload, out)
+
+    def _client_tool(self, payload: dict[str, Any], out: list[BaseEvent]) -> None:
+        """A call of one of the client's own tools that the model asks for: the client runs it and
+        sends the result in its next input, so it has no TOOL_CALL_RESULT here."""
+        call_id, name, arguments = payload.get("toolCallId"), payload.get("name"), payload.get("arguments")
+        if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or call_id in self.ended_tools:
+            return
+        self._close_reasoning(out)
+        out.append(ToolCallStartEvent(tool_call_id=call_id, tool_call_name=name, parent_message_id=self.text_id))
+        self._close_text(out)
+        if isinstance(arguments, str) and arguments:
+            out.append(ToolCallArgsEvent(tool_call_id=call_id, delta=arguments))
+        out.append(ToolCallEndEvent(tool_call_id=call_id))
+        self.ended_tools.add(call_id)
 
     def _plan(self, payload: dict[str, Any], out: list[BaseEvent]) -> None:
         entries = payload.get("entries")
@@ -247,6 +262,8 @@ class AgUiTranslator:
                 out.append(ReasoningMessageContentEvent(message_id=self.reasoning_id, delta=text))
         elif kind in ("tool.started", "tool.updated", "tool.completed"):
             self._tool(kind, payload, out)
+        elif kind == "client_tool.requested":
+            self._client_tool(payload, out)
         elif kind == "plan.updated":
             self._plan(payload, out)
         elif kind == "session.info.updated":
@@ -283,6 +300,8 @@ class AgUiTranslator:
         }
         if resumed:
             gateway["resumed"] = True
+        if self.ignored:
+            gateway["ignored"] = self.ignored
         return RunStartedEvent(thread_id=self.thread_id, run_id=self.run_id, metadata={"agentGateway": gateway})
 
     def _terminal(self, kind: str, payload: dict[str, Any]) -> BaseEvent:

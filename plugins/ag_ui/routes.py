@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from agent_gateway import ApiError, read_json
 
+from .client_tools import IGNORED_HEADER, client_tools
 from .mapping import CURSOR, AgUiTranslator, Resumption, group_frames, merged_from
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ _TEXT_PART = {
 }
 _PARTS = {"type": "array", "items": _TEXT_PART}
 _MESSAGE = {
-    "description": "An AG-UI message (only the user messages are read: the agent keeps its own history)",
+    "description": "An AG-UI message (the user messages are read, and for an agent that takes client tools the "
+    "assistant tool calls and tool results after the last one: the agent keeps its own history)",
     "oneOf": [
         {
             "type": "object",
@@ -84,7 +86,27 @@ _MESSAGE = {
         {
             "type": "object",
             "required": ["id", "role"],
-            "properties": {"id": {"type": "string"}, "role": {"const": "assistant"}, "content": {"type": "string"}},
+            "properties": {
+                "id": {"type": "string"},
+                "role": {"const": "assistant"},
+                "content": {"type": "string"},
+                "toolCalls": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["id", "type", "function"],
+                        "properties": {
+                            "id": {"type": "string"},
+                            "type": {"const": "function"},
+                            "function": {
+                                "type": "object",
+                                "required": ["name", "arguments"],
+                                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
+                            },
+                        },
+                    },
+                },
+            },
         },
         {
             "type": "object",
@@ -295,8 +317,9 @@ def run_body(agent_id: str, body: Any) -> dict[str, Any]:
 
 
 class AgUiRoutes:
-    def __init__(self, routes: PluginRoutes) -> None:
+    def __init__(self, routes: PluginRoutes, client_tools: str = "reject") -> None:
         self.routes = routes
+        self.client_tools = client_tools  # "reject" or "ignore" for an agent that cannot take them
 
     def _encoder(self, translator: AgUiTranslator) -> Any:
         content_frame, translate = translator.content_frame, translator.translate
@@ -317,7 +340,12 @@ class AgUiRoutes:
         return encode
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        body = run_body(request.match_info["agentId"], await read_json(request))
+        raw = await read_json(request)
+        body = run_body(request.match_info["agentId"], raw)
+        agent = body["agentId"]
+        options, ignored = client_tools(raw, self.routes.runtime(agent), self.client_tools, agent)
+        if options is not None and isinstance(body.get("options") or {}, dict):
+            body["options"] = {**(body.get("options") or {}), "clientTools": options}
         strategy = request.headers.get(MULTITASK_HEADER)
         if strategy is not None:  # wins over forwardedProps; the core checks it (a 400 naming the strategies)
             if body.get("multitaskStrategy") not in (None, *MULTITASK_STRATEGIES):
@@ -336,7 +364,11 @@ class AgUiRoutes:
             response.headers["Retry-After"] = str(refused.extra.get("retryAfterSeconds", 1))
             return response
         translator = AgUiTranslator(run)
-        return await self.routes.stream(request, run, encode=self._encoder(translator), headers=self._headers(run))
+        translator.ignored = ignored
+        headers = self._headers(run)
+        if ignored:
+            headers[IGNORED_HEADER] = ", ".join(ignored)
+        return await self.routes.stream(request, run, encode=self._encoder(translator), headers=headers)
 
     @staticmethod
     def _headers(run: Run) -> dict[str, str]:
@@ -390,7 +422,7 @@ class AgUiRoutes:
         return resumption.head(cursor)
 
 
-def setup(routes: PluginRoutes) -> None:
-    handlers = AgUiRoutes(routes)
+def setup(routes: PluginRoutes, client_tools: str = "reject") -> None:
+    handlers = AgUiRoutes(routes, client_tools)
     routes.add("POST", "/v1/ag-ui/{agentId}", handlers.create, openapi=RUN_OPENAPI)
     routes.add("GET", "/v1/ag-ui/runs/{runId}/stream", handlers.resume, openapi=STREAM_OPENAPI)

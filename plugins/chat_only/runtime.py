@@ -10,6 +10,8 @@ import aiohttp
 
 from agent_gateway import RuntimePolicy, TranscriptStrategy, Turn, TurnOutcome, WorkSlices
 
+from .client_tools import ClientTools, ToolCallCollector
+
 # A slice of parsing and emitting ends after this long or this many upstream lines, whichever
 # comes first (or once a request arrives); the stream then yields to the loop.
 SLICE_SECONDS = 0.0005
@@ -45,7 +47,7 @@ class ChatOnlyRuntime:
         self.idle_timeout = idle_timeout
         self.max_history_turns = max_history_turns
         self.max_history_chars = max_history_chars
-        self.policy = RuntimePolicy(context_carrier="transcript_rebuild", can_rollback=True)
+        self.policy = RuntimePolicy(context_carrier="transcript_rebuild", can_rollback=True, client_tools=True)
         # The core's default `session_strategy` uses this: the transcript, bounded as configured.
         self.session_strategy = TranscriptStrategy(max_history_turns, max_history_chars)
         self._session: aiohttp.ClientSession | None = None
@@ -70,11 +72,18 @@ class ChatOnlyRuntime:
             self._session = aiohttp.ClientSession(timeout=timeout)
         return self._session
 
-    def build_messages(self, turn: Turn) -> list[dict[str, str]]:
-        messages: list[dict[str, str]] = []
+    def build_messages(self, turn: Turn, client: ClientTools | None = None) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
-        for entry in turn.plan.packet:
+        packet = turn.plan.packet
+        if client is not None and client.messages and packet:
+            last = packet[-1]
+            if last.get("user") == turn.message and not last.get("assistant"):
+                # The session's last turn is the one whose tool calls these results answer: it is
+                # resent below, with the calls and the results after it.
+                packet = packet[:-1]
+        for entry in packet:
             messages.append({"role": "user", "content": entry["user"]})
             if entry.get("assistant"):
                 messages.append({"role": "assistant", "content": entry["assistant"]})
@@ -83,6 +92,8 @@ class ChatOnlyRuntime:
         if selection:
             user = f"{user}\n\n[Selected text]\n{selection}"
         messages.append({"role": "user", "content": user})
+        if client is not None:
+            messages.extend(client.messages)
         return messages
 
     async def run_turn(self, turn: Turn) -> TurnOutcome:
@@ -119,12 +130,17 @@ class ChatOnlyRuntime:
             del error, stream, done  # (the same cycle, through the traceback of the raise)
 
     async def _stream(self, turn: Turn) -> str:
+        client = ClientTools.from_options(turn.options)
         body: dict[str, Any] = {
             "model": turn.options.get("model") or self.model or "default",
-            "messages": self.build_messages(turn),
+            "messages": self.build_messages(turn, client),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if client is not None:
+            body.update(client.request_fields())
+            for result in client.results():  # the client's tool results, forwarded
+                await turn.emit("client_tool.answered", result)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         # One `chat` span per model call when a tracing plugin follows the run (its traceparent
         # goes upstream); nothing per delta.
@@ -143,6 +159,7 @@ class ChatOnlyRuntime:
     ) -> tuple[str, dict[str, int] | None]:
         parts: list[str] = []
         last_usage: dict[str, int] | None = None
+        tool_calls = ToolCallCollector()
         emit, emit_nowait = turn.emit, turn.emit_nowait
         async with self._http().post(f"{self.base_url}/chat/completions", json=body, headers=headers) as response:
             if response.status >= 400:
@@ -181,8 +198,12 @@ class ChatOnlyRuntime:
                         payload = {"text": delta["content"]}
                         if not emit_nowait("message.delta", payload):
                             await emit("message.delta", payload)
+                    if delta.get("tool_calls"):
+                        tool_calls.add(delta["tool_calls"])
             else:
                 raise UpstreamError("upstream closed the stream before [DONE]")
+        for call in tool_calls.calls():  # the client runs them: the run ends asking for their results
+            await emit("client_tool.requested", call)
         return "".join(parts), last_usage
 
     async def close(self) -> None:

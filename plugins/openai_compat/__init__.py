@@ -19,13 +19,19 @@ if TYPE_CHECKING:
 
 SECTION = "openai_compat"
 REASONING_CHOICES = ("omit", "reasoning_content")
-DEFAULTS: dict[str, Any] = {"enabled": True, "reasoning": "omit"}
+CLIENT_TOOLS_CHOICES = ("reject", "ignore")
+# client_tools: what a request with `tools` / `response_format` for an agent that cannot take
+# them gets: a 400 `tools_not_supported`, or a run without them (the answer says what it ignored).
+DEFAULTS: dict[str, Any] = {"enabled": True, "reasoning": "omit", "client_tools": "reject"}
 
 
 def _validate(section: dict[str, Any]) -> list[tuple[str, str]]:
+    problems = []
     if section["reasoning"] not in REASONING_CHOICES:
-        return [("reasoning", f"must be one of {', '.join(repr(c) for c in REASONING_CHOICES)}")]
-    return []
+        problems.append(("reasoning", f"must be one of {', '.join(repr(c) for c in REASONING_CHOICES)}"))
+    if section["client_tools"] not in CLIENT_TOOLS_CHOICES:
+        problems.append(("client_tools", f"must be one of {', '.join(repr(c) for c in CLIENT_TOOLS_CHOICES)}"))
+    return problems
 
 
 @hookimpl
@@ -40,4 +46,4 @@ def register_routes(routes: PluginRoutes) -> None:
         return
     from .routes import setup
 
-    setup(routes, reasoning=section["reasoning"] == "reasoning_content")
+    setup(routes, reasoning=section["reasoning"] == "reasoning_content", client_tools=section["client_tools"])

@@ -32,6 +32,8 @@ TERMINAL_STATUS = {
     "run.interrupted": "interrupted",
 }
 TOOL_KINDS = frozenset({"tool.started", "tool.updated", "tool.completed"})
+# A call of a client-defined tool the model asks for (chat-only with `tools`): given to the client.
+CLIENT_TOOL_CALL = "client_tool.requested"
 SUMMARY_TEXT_LIMIT = 200
 # What the Responses API calls a run's status.
 RESPONSE_STATUS = {
@@ -84,6 +86,14 @@ def tool_summary(event: Event) -> dict[str, Any] | None:
     if isinstance(payload.get("kind"), str):
         summary["kind"] = payload["kind"][:40]
     return summary
+
+
+def client_tool_call(payload: dict[str, Any]) -> dict[str, str] | None:
+    """A ``client_tool.requested`` payload's call ``{id, name, arguments}`` (None if malformed)."""
+    call_id, name, arguments = payload.get("toolCallId"), payload.get("name"), payload.get("arguments", "")
+    if not isinstance(call_id, str) or not call_id or not isinstance(name, str):
+        return None
+    return {"id": call_id, "name": name, "arguments": arguments if isinstance(arguments, str) else ""}
 
 
 def _tool_finished(status: str) -> bool:
@@ -158,8 +168,12 @@ def run_failure(payload: dict[str, Any]) -> str:
 class ChatCompletion:
     """Folds a run's events into chat-completion chunks (``encode``) or one completion (``result``)."""
 
-    def __init__(self, run: Run, *, reasoning: bool, include_usage: bool = False) -> None:
+    def __init__(
+        self, run: Run, *, reasoning: bool, include_usage: bool = False, ignored: list[str] | None = None
+    ) -> None:
         self.id = COMPLETION_PREFIX + run.host_run_id
+        self.ignored = ignored or []  # request fields the run left out (`[openai_compat] client_tools`)
+        self.client_calls: list[dict[str, Any]] = []  # the client tools the model asks to call
         self.model = run.agent_id
         self.created = run.created_at // 1000
         self.run = run
@@ -194,13 +208,26 @@ class ChatCompletion:
         return b"data: " + dumps(chunk) + b"\n\n"
 
     def _gateway_extension(self) -> dict[str, Any]:
-        return {
+        extension: dict[str, Any] = {
             "hostRunId": self.run.host_run_id,
             "sessionId": self.run.session_id,
             "sessionMode": self.session_mode,
             "status": self.status,
             "tools": list(self.tools.values()),
         }
+        if self.ignored:
+            extension["ignored"] = self.ignored
+        return extension
+
+    def _client_call(self, event: Event) -> bytes:
+        call = client_tool_call(event.payload)
+        if call is None:
+            return b""
+        index = len(self.client_calls)
+        function = {"name": call["name"], "arguments": call["arguments"]}
+        wire = {"id": call["id"], "type": "function", "function": function}
+        self.client_calls.append(wire)
+        return self._chunk({"tool_calls": [{"index": index, **wire}]})
 
     def encode(self, events: list[Event]) -> bytes:
         """The SSE bytes of a batch (``data: <chunk>`` frames; ``data: [DONE]`` after the end)."""
@@ -229,6 +256,8 @@ class ChatCompletion:
                 if summary is not None and self.tools.get(summary["id"]) != summary:
                     self.tools[summary["id"]] = summary
                     out.append(self._chunk({}, agent_gateway={"tool": summary}))
+            elif kind == CLIENT_TOOL_CALL:
+                out.append(self._client_call(event))
             elif kind == "message.completed":
                 final = event.payload.get("text")
                 if isinstance(final, str):
@@ -256,7 +285,8 @@ class ChatCompletion:
             error = {"message": self.failure, "type": "server_error", "param": None, "code": f"run_{self.status}"}
             out.append(b"data: " + dumps({"error": error, "agent_gateway": self._gateway_extension()}) + b"\n\n")
         else:
-            out.append(self._chunk({}, "stop", agent_gateway=self._gateway_extension()))
+            finish = "tool_calls" if self.client_calls and self.status == "completed" else "stop"
+            out.append(self._chunk({}, finish, agent_gateway=self._gateway_extension()))
             if self.include_usage:
                 usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created}
                 usage.update(model=self.model, choices=[], usage=self.usage.chat())
@@ -270,6 +300,11 @@ class ChatCompletion:
             self.encode([event])
         text = self.final_text if self.final_text is not None else "".join(self.parts)
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        finish = "stop"
+        if self.client_calls:
+            message["tool_calls"] = self.client_calls
+            message["content"] = text or None
+            finish = "tool_calls" if self.status == "completed" else finish
         if self.reasoning:
             message["reasoning_content"] = "".join(self.thoughts)
         return {
@@ -277,7 +312,7 @@ class ChatCompletion:
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
             "usage": self.usage.chat(),
             "agent_gateway": self._gateway_extension(),
         }
@@ -290,8 +325,11 @@ class ResponseStream:
     """Folds a run's events into Responses stream events, numbered densely from 0, and into the
     ``response`` object. ``starting_after``: events numbered up to it are counted, not sent."""
 
-    def __init__(self, run: Run, *, reasoning: bool, starting_after: int = -1) -> None:
+    def __init__(
+        self, run: Run, *, reasoning: bool, starting_after: int = -1, ignored: list[str] | None = None
+    ) -> None:
         self.run = run
+        self.ignored = ignored or []  # request fields the run left out (`[openai_compat] client_tools`)
         self.id = RESPONSE_PREFIX + run.host_run_id
         self.reasoning = reasoning
         self.starting_after = starting_after
@@ -343,6 +381,7 @@ class ResponseStream:
                 "hostRunId": run.host_run_id,
                 "sessionId": run.session_id,
                 "sessionMode": self.session_mode,
+                **({"ignored": self.ignored} if self.ignored else {}),
             },
         }
 
@@ -446,6 +485,23 @@ class ResponseStream:
             item = self.output[index] = self._tool_item(summary, summary["status"])
             self._emit(out, "response.output_item.done", {"output_index": index, "item": item})
 
+    def _client_call(self, out: list[bytes], event: Event) -> None:
+        """A client tool the model asks to call: a ``function_call`` output item, whole."""
+        call = client_tool_call(event.payload)
+        if call is None:
+            return
+        self._close_reasoning(out)  # (an open message item stays open: its text may go on)
+        index = len(self.output)
+        item = {"type": "function_call", "id": "fc_" + call["id"], "call_id": call["id"], "name": call["name"]}
+        item.update(arguments=call["arguments"], status="in_progress")
+        self.output.append(item)
+        self._emit(out, "response.output_item.added", {"output_index": index, "item": {**item, "arguments": ""}})
+        at = {"item_id": item["id"], "output_index": index}
+        self._emit(out, "response.function_call_arguments.delta", {**at, "delta": call["arguments"]})
+        self._emit(out, "response.function_call_arguments.done", {**at, "arguments": call["arguments"]})
+        item = self.output[index] = {**item, "status": "completed"}
+        self._emit(out, "response.output_item.done", {"output_index": index, "item": item})
+
     @staticmethod
     def _tool_item(summary: dict[str, Any], status: str) -> dict[str, Any]:
         # A server-side tool call, as the Responses API reports its remote MCP calls: the name
@@ -493,6 +549,8 @@ class ResponseStream:
                 self._emit(out, "response.reasoning_text.delta", fields)
             elif kind in TOOL_KINDS:
                 self._tool(out, event)
+            elif kind == CLIENT_TOOL_CALL:
+                self._client_call(out, event)
             elif kind == "message.completed":
                 final = event.payload.get("text")
                 if isinstance(final, str):

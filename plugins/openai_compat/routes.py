@@ -22,7 +22,15 @@ from aiohttp import web
 
 from agent_gateway import ApiError, Event, PluginRoutes, Run, read_json
 
-from .mapping import RESPONSE_PREFIX, RESPONSE_STATUS, ChatCompletion, ResponseStream
+from .client_tools import IGNORED_HEADER, ClientToolsRequest
+from .mapping import (
+    CLIENT_TOOL_CALL,
+    RESPONSE_PREFIX,
+    RESPONSE_STATUS,
+    ChatCompletion,
+    ResponseStream,
+    client_tool_call,
+)
 
 SESSION_HEADER = "X-Agent-Gateway-Session"
 MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
@@ -103,9 +111,18 @@ def _message(text: str, param: str) -> str:
 
 
 class OpenAIRoutes:
-    def __init__(self, routes: PluginRoutes, *, reasoning: bool) -> None:
+    def __init__(self, routes: PluginRoutes, *, reasoning: bool, client_tools: str = "reject") -> None:
         self.routes = routes
         self.reasoning = reasoning
+        self.client_tools = client_tools  # "reject" or "ignore" for an agent that cannot take them
+
+    def _client_tools(self, agent: str, asked: ClientToolsRequest) -> tuple[dict[str, Any] | None, list[str]]:
+        """The run's ``options`` for the client tools ``asked`` (None: none to pass) and what the
+        run ignores of them; a 400 ``tools_not_supported`` for an agent that cannot take them."""
+        ignored = asked.check(self.routes.runtime(agent), self.client_tools, agent)
+        if not asked or ignored:
+            return None, ignored
+        return {"clientTools": asked.options()}, ignored
 
     # -- shared ---------------------------------------------------------------------------------------
     async def _body(self, request: web.Request) -> dict[str, Any]:
@@ -162,7 +179,15 @@ class OpenAIRoutes:
             return None
         return [root.strip() for root in metadata["allowed_roots"].split(",")]
 
-    async def _create(self, request: web.Request, agent: str, session: str, body: dict[str, Any], message: str) -> Run:
+    async def _create(
+        self,
+        request: web.Request,
+        agent: str,
+        session: str,
+        body: dict[str, Any],
+        message: str,
+        options: dict[str, Any] | None = None,
+    ) -> Run:
         key = request.headers.get(IDEMPOTENCY_HEADER)
         run_request: dict[str, Any] = {
             "requestId": _id_text(key, IDEMPOTENCY_HEADER) if key is not None else "openai-" + uuid.uuid4().hex,
@@ -171,6 +196,8 @@ class OpenAIRoutes:
             "workspaceId": self._workspace(body),
             "message": message,
         }
+        if options is not None:
+            run_request["options"] = options
         roots = self._allowed_roots(body)
         if roots is not None:
             run_request["context"] = {"allowedRoots": roots}
@@ -239,12 +266,15 @@ class OpenAIRoutes:
         include_usage = options.get("include_usage", False)
         if not isinstance(include_usage, bool):
             raise invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+        asked = ClientToolsRequest.from_chat(body, messages, last_user[1])
+        options, ignored = self._client_tools(agent, asked)
         session = self._session(request, body)
-        run = await self._create(request, agent, session, body, message)
-        completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage)
+        run = await self._create(request, agent, session, body, message, options)
+        completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage, ignored=ignored)
+        headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else None
         if stream:
             # Chat chunks are not numbered: a slow client may get merged deltas (same text).
-            return await self.routes.stream(request, run, encode=completion.encode)
+            return await self.routes.stream(request, run, encode=completion.encode, headers=headers)
         run = await self.routes.wait_run(run)
         result = completion.result(await self._all_events(run))
         if completion.status in ("failed", "interrupted"):
@@ -252,7 +282,7 @@ class OpenAIRoutes:
             error["code"] = f"run_{completion.status}"
             # Not retried by the SDK: a retry would be a new turn of the same session.
             return web.json_response({"error": error}, status=502, headers={"x-should-retry": "false"})
-        return web.json_response(result)
+        return web.json_response(result, headers=headers)
 
     # -- /v1/responses --------------------------------------------------------------------------------
     def _input_text(self, body: dict[str, Any]) -> str:
@@ -272,8 +302,43 @@ class OpenAIRoutes:
             raise invalid("input must hold a user message", "input")
         return _message(last_user[0], f"input[{last_user[1]}].content")
 
-    def _response(self, run: Run, events: list[Event]) -> dict[str, Any]:
-        stream = ResponseStream(run, reasoning=self.reasoning)
+    def _responses_tools(self, body: dict[str, Any]) -> ClientToolsRequest:
+        items = body.get("input")
+        if not isinstance(items, list):
+            return ClientToolsRequest.from_responses(body, [], -1)
+        users = (
+            i for i, item in enumerate(items) if item.get("role") == "user" and item.get("type", "message") == "message"
+        )
+        last_user = max(users, default=-1)
+        return ClientToolsRequest.from_responses(body, items, last_user)
+
+    async def _tool_results_only(self, request: web.Request, body: dict[str, Any]) -> tuple[str, Run] | None:
+        """A response continued by ``previous_response_id`` whose input holds tool results and no
+        user message (a client that lets the server keep the conversation): the earlier
+        response's question and run, whose function calls these results answer; else None."""
+        items, previous = body.get("input"), body.get("previous_response_id")
+        if not isinstance(previous, str) or not isinstance(items, list) or not items:
+            return None
+        if not all(isinstance(item, dict) for item in items):
+            return None
+        if any(item.get("role") == "user" for item in items):
+            return None
+        if not any(item.get("type") == "function_call_output" for item in items):
+            return None
+        run = await self._run_of_response(request, previous, "previous_response_id")
+        return str(run.request.get("message", "")), run
+
+    async def _earlier_calls(self, run: Run) -> list[dict[str, Any]]:
+        """The ``function_call`` input items of the client tools ``run``'s model asked for."""
+        calls = []
+        for event in await self._all_events(run):
+            call = client_tool_call(event.payload) if event.kind == CLIENT_TOOL_CALL else None
+            if call is not None:
+                calls.append({"type": "function_call", "call_id": call["id"], **call})
+        return calls
+
+    def _response(self, run: Run, events: list[Event], ignored: list[str] | None = None) -> dict[str, Any]:
+        stream = ResponseStream(run, reasoning=self.reasoning, ignored=ignored)
         stream.fold(events)
         body = stream.response()
         if not run.is_terminal:  # the run's record is ahead of its journal on queued / running
@@ -283,7 +348,14 @@ class OpenAIRoutes:
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         agent = await self._model(body)
-        message = self._input_text(body)
+        continued = await self._tool_results_only(request, body)
+        if continued is None:
+            message, asked = self._input_text(body), self._responses_tools(body)
+        else:
+            message, earlier = continued
+            items = [*await self._earlier_calls(earlier), *body["input"]]
+            asked = ClientToolsRequest.from_responses(body, items, -1)
+        options, ignored = self._client_tools(agent, asked)
         stream = bool(_optional(body, "stream", bool, "a boolean"))
         background = bool(_optional(body, "background", bool, "a boolean"))
         previous = _optional(body, "previous_response_id", str, "a string")
@@ -291,13 +363,14 @@ class OpenAIRoutes:
         if previous is not None:
             fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
         session = self._session(request, body, fallback)
-        run = await self._create(request, agent, session, body, message)
+        run = await self._create(request, agent, session, body, message, options)
+        headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else None
         if stream:
-            encoder = ResponseStream(run, reasoning=self.reasoning)
-            return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False)
+            encoder = ResponseStream(run, reasoning=self.reasoning, ignored=ignored)
+            return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False, headers=headers)
         if not background:
             run = await self.routes.wait_run(run)
-        return web.json_response(self._response(run, await self._all_events(run)))
+        return web.json_response(self._response(run, await self._all_events(run), ignored), headers=headers)
 
     async def get_response(self, request: web.Request) -> web.StreamResponse:
         run = await self._run_of_response(request, request.match_info["response_id"])
@@ -330,8 +403,8 @@ class OpenAIRoutes:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def setup(routes: PluginRoutes, *, reasoning: bool) -> None:
-    handlers = OpenAIRoutes(routes, reasoning=reasoning)
+def setup(routes: PluginRoutes, *, reasoning: bool, client_tools: str = "reject") -> None:
+    handlers = OpenAIRoutes(routes, reasoning=reasoning, client_tools=client_tools)
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/v1/models", handlers.list_models),
         ("GET", "/v1/models/{model}", handlers.get_model),
