@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from agent_gateway.affinity import ConversationAffinity, ConversationPlan
 from agent_gateway.auth import Actor, identity
 from agent_gateway.errors import ErrorShape
 from agent_gateway.plugin_host import PluginError
@@ -69,6 +70,7 @@ class PluginRoutes:
         self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
         self._on_shutdown: list[ShutdownCallback] = []
         self._closed = False
+        self._conversations: ConversationAffinity | None = None
 
     # -- declaring routes (only while register_routes runs) -----------------------------------------
     def add(
@@ -295,6 +297,51 @@ class PluginRoutes:
         await self._gateway.runs.wait(run.host_run_id)
         return await self._gateway.runs.get(run.host_run_id, run.actor_id) or run
 
+    # -- conversation affinity (docs/sessions.md) ---------------------------------------------------
+    @property
+    def _affinity(self) -> ConversationAffinity:
+        if self._conversations is None:
+            gateway = self._gateway
+            self._conversations = ConversationAffinity(
+                gateway.storage, gateway.journal.write, self.wait_run, self.events
+            )
+        return self._conversations
+
+    async def conversation(
+        self,
+        request: web.Request,
+        agent_id: str,
+        earlier: list[tuple[str, str]],
+        *,
+        session_id: str | None = None,
+        new_session_id: str | None = None,
+        claimer: str | None = None,
+    ) -> ConversationPlan:
+        """The session of a request, from its history when it names none (``session_id``, which
+        always wins): ``earlier`` is the ``(role, text)`` of its messages before the last user
+        message. A history that ends where one of the caller's sessions with ``agent_id`` ended
+        continues it (claimed: a second request with that history gets a new session); any other
+        starts a new session (``new_session_id``, default a random one) that holds that history.
+        ``claimer``: the request's idempotency key. Call :meth:`follow_conversation` with the run
+        created (see docs/sessions.md, "Conversation affinity")."""
+        return await self._affinity.plan(
+            self.actor(request),
+            agent_id,
+            earlier,
+            session_id=session_id,
+            new_session_id=new_session_id,
+            claimer=claimer,
+        )
+
+    def follow_conversation(self, run: Run, plan: ConversationPlan, message: str) -> None:
+        """Remember ``run``'s conversation (``plan``'s turns, ``message``, its answer) once it has
+        completed, so the next request resending it continues the session."""
+        self._affinity.follow(run, plan, message)
+
+    async def session_known(self, actor_id: str, session_id: str) -> bool:
+        """Whether ``actor_id`` has a session ``session_id`` (a record or a run)."""
+        return bool(await self._gateway.journal.write(self._affinity.known, actor_id, session_id))
+
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._gateway.executor, fn, *args)
@@ -310,6 +357,8 @@ class PluginRoutes:
         self._closed = True
 
     async def shutdown(self) -> None:
+        if self._conversations is not None:
+            await self._conversations.close()
         for callback in self._on_shutdown:
             try:
                 result = callback()

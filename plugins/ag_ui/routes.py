@@ -22,6 +22,7 @@ PREFIX_PAGE = 2000
 # The keys of `forwardedProps.agentGateway` that go into the gateway run as they are.
 GATEWAY_PROPS = ("workspaceId", "context", "options", "parentRunId", "multitaskStrategy")
 MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
+SESSION_AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"
 MULTITASK_STRATEGIES = ["enqueue", "reject", "interrupt", "rollback"]
 
 _ERRORS = {
@@ -246,6 +247,31 @@ def _user_text(content: Any) -> str | None:
     return None
 
 
+def earlier_turns(body: Any) -> list[tuple[str, str]]:
+    """``(role, text)`` of a ``RunAgentInput``'s messages before its last user message with text
+    (already validated by :func:`run_body`): the history conversation affinity looks at."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return []
+    last = 0
+    for index, item in enumerate(messages):
+        if isinstance(item, dict) and item.get("role") == "user":
+            text = _raw_text(item.get("content"))
+            if VISIBLE_TEXT.search(text):
+                last = index
+    return [
+        (str(item.get("role")), _raw_text(item.get("content"))) for item in messages[:last] if isinstance(item, dict)
+    ]
+
+
+def _raw_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
 def run_body(agent_id: str, body: Any) -> dict[str, Any]:
     """The ``POST /v1/runs`` body of an AG-UI ``RunAgentInput``; a 400 :class:`ApiError` if it is not one."""
     try:
@@ -315,7 +341,11 @@ class AgUiRoutes:
         return encode
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        body = run_body(request.match_info["agentId"], await read_json(request))
+        raw = await read_json(request)
+        body = run_body(request.match_info["agentId"], raw)
+        thread_id = body["sessionId"]
+        plan = await self._conversation(request, body, earlier_turns(raw))
+        body["sessionId"] = plan.session_id
         strategy = request.headers.get(MULTITASK_HEADER)
         if strategy is not None:  # wins over forwardedProps; the core checks it (a 400 naming the strategies)
             if body.get("multitaskStrategy") not in (None, *MULTITASK_STRATEGIES):
@@ -333,13 +363,32 @@ class AgUiRoutes:
             )
             response.headers["Retry-After"] = str(refused.extra.get("retryAfterSeconds", 1))
             return response
+        self.routes.follow_conversation(run, plan, body["message"])
         translator = AgUiTranslator(run)
-        return await self.routes.stream(request, run, encode=self._encoder(translator), headers=self._headers(run))
+        translator.thread_id = thread_id  # as sent, whichever session the run went to
+        headers = {**self._headers(run), SESSION_AFFINITY_HEADER: plan.affinity}
+        return await self.routes.stream(request, run, encode=self._encoder(translator), headers=headers)
+
+    async def _conversation(self, request: web.Request, body: dict[str, Any], earlier: list[tuple[str, str]]) -> Any:
+        """The run's session: the thread, when the caller has it or the input carries no earlier
+        turns; else the session those turns continue, or the new thread given them as its history
+        (docs/sessions.md, "Conversation affinity")."""
+        thread_id = body["sessionId"]
+        pinned = not earlier or await self.routes.session_known(self.routes.actor(request), thread_id)
+        return await self.routes.conversation(
+            request,
+            body["agentId"],
+            earlier,
+            session_id=thread_id if pinned else None,
+            new_session_id=thread_id,
+            claimer=f"ag-ui:{thread_id}:{body['requestId']}",
+        )
 
     @staticmethod
     def _headers(run: Run) -> dict[str, str]:
         return {
             "X-Agent-Gateway-Run-Id": run.host_run_id,
+            "X-Agent-Gateway-Session": run.session_id,
             "Content-Location": f"/v1/ag-ui/runs/{run.host_run_id}/stream",
         }
 

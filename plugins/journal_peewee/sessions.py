@@ -357,6 +357,8 @@ class SessionIndexMixin:
             self._sql(f"DELETE FROM {self._rd} WHERE actor_id = ? AND session_id = ?", key)
             self._sql(f"DELETE FROM {runs} WHERE actor_id = ? AND session_id = ?", key)
             self._sql(f"DELETE FROM {records} WHERE actor_id = ? AND session_id = ?", key)
+            heads = self._qualified(f"{self.table_prefix}conversation_heads")  # conversations.py
+            self._sql(f"DELETE FROM {heads} WHERE actor_id = ? AND session_id = ?", key)
             if found is not None:
                 if self.is_sqlite:
                     self._sql(f"DELETE FROM {self._fts} WHERE rowid = ?", (found[0],))
