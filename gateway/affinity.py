@@ -178,8 +178,8 @@ class ConversationAffinity:
         if session_id is not None:
             return ConversationPlan(session_id, "pinned", turns)
         fresh = new_session_id or "conv-" + uuid.uuid4().hex
-        if not turns:
-            return ConversationPlan(fresh, "fresh")
+        if all(role == "system" for role, _text in turns):  # nothing said yet: nothing to continue
+            return ConversationPlan(fresh, "fresh", turns)
         digest = conversation_digest(turns)
         claimer = claimer or "claim-" + uuid.uuid4().hex
         if self.enabled:

@@ -13,6 +13,7 @@ class ConversationMixin:
     """Storage methods of the conversation heads (mixed into PeeweeStorage)."""
 
     table_prefix: str
+    models: Any
 
     def _qualified(self, table: str) -> str:  # provided by PeeweeStorage
         raise NotImplementedError
@@ -55,12 +56,16 @@ class ConversationMixin:
 
     def put_conversation(self, actor_id: str, agent_id: str, digest: str, session_id: str) -> None:
         """``digest`` is now ``session_id``'s head: its earlier head goes, and an other session
-        ending with the same conversation no longer holds it."""
+        ending with the same conversation no longer holds it. Nothing is stored for a session
+        that has no run any more (deleted meanwhile)."""
+        runs = self._qualified(self.models.run._meta.table_name)
         with self._write():
             self._sql(f"DELETE FROM {self._heads} WHERE actor_id = ? AND session_id = ?", (actor_id, session_id))
             self._sql(
-                f"INSERT INTO {self._heads} (actor_id, agent_id, digest, session_id, updated_at) VALUES (?, ?, ?, ?, ?)"
+                f"INSERT INTO {self._heads} (actor_id, agent_id, digest, session_id, updated_at)"
+                " SELECT ?, ?, ?, ?, ? WHERE EXISTS"
+                f" (SELECT 1 FROM {runs} WHERE actor_id = ? AND session_id = ?)"
                 " ON CONFLICT (actor_id, agent_id, digest) DO UPDATE SET session_id = excluded.session_id,"
                 " updated_at = excluded.updated_at, claimed_by = NULL, claimed_at = NULL",
-                (actor_id, agent_id, digest, session_id, now_ms()),
+                (actor_id, agent_id, digest, session_id, now_ms(), actor_id, session_id),
             )
