@@ -50,6 +50,9 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 ROOT = hashlib.sha256(b"agent-gateway conversation v1").hexdigest()
 # Earlier turns given to a new session (the runtime's own bounds cut further).
 SEED_MAX_TURNS = 50
+# The claimer of a request without an idempotency key: its claim is dropped once the session
+# moves on (a keyed claim stays, so a retry of that request is the same run).
+UNKEYED_CLAIM = "claim-"
 # The longest a look-up waits for the heads of ended runs to be stored.
 SETTLE_SECONDS = 30.0
 EVENT_PAGE = 5000
@@ -181,7 +184,7 @@ class ConversationAffinity:
         if all(role == "system" for role, _text in turns):  # nothing said yet: nothing to continue
             return ConversationPlan(fresh, "fresh", turns)
         digest = conversation_digest(turns)
-        claimer = claimer or "claim-" + uuid.uuid4().hex
+        claimer = claimer or UNKEYED_CLAIM + uuid.uuid4().hex
         if self.enabled:
             await self._settled(actor_id, agent_id)
             claim = self._storage.claim_conversation

@@ -273,6 +273,20 @@ async def test_another_actor_with_the_same_history_gets_its_own_session(
     assert (mine["affinity"], mine["session"]) == ("continued", first["session"])
 
 
+async def test_a_retry_with_the_idempotency_key_is_the_same_run(sdk: openai.AsyncOpenAI) -> None:
+    history: Messages = [{"role": "user", "content": "first question"}]
+    first = await chat(sdk, "chat-only", history)
+    history += [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "second question"}]
+    key = {"Idempotency-Key": "turn-2-" + uuid.uuid4().hex}
+    sent = await sdk.chat.completions.with_raw_response.create(model="chat-only", messages=history, extra_headers=key)  # type: ignore[arg-type]
+    again = await sdk.chat.completions.with_raw_response.create(model="chat-only", messages=history, extra_headers=key)  # type: ignore[arg-type]
+    assert sent.parse().id == again.parse().id
+    assert sent.headers[SESSION] == again.headers[SESSION] == first["session"]
+    # Without the key, the same history is another request: a branch.
+    other = await chat(sdk, "chat-only", history)
+    assert other["affinity"] == "new"
+
+
 async def test_a_session_hint_wins_over_the_history(sdk: openai.AsyncOpenAI) -> None:
     history: Messages = [{"role": "user", "content": "first question"}]
     first = await chat(sdk, "chat-only", history)

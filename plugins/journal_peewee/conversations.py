@@ -8,6 +8,9 @@ from typing import Any
 
 from agent_gateway import now_ms
 
+# The claimer of a request without an idempotency key (agent_gateway.affinity).
+UNKEYED = "claim-"
+
 
 class ConversationMixin:
     """Storage methods of the conversation heads (mixed into PeeweeStorage)."""
@@ -55,12 +58,18 @@ class ConversationMixin:
             )
 
     def put_conversation(self, actor_id: str, agent_id: str, digest: str, session_id: str) -> None:
-        """``digest`` is now ``session_id``'s head: its earlier head goes, and an other session
-        ending with the same conversation no longer holds it. Nothing is stored for a session
-        that has no run any more (deleted meanwhile)."""
+        """``digest`` is now ``session_id``'s head: its earlier head goes (unless claimed under an
+        idempotency key), and an other session ending with the same conversation no longer holds
+        it. Nothing is stored for a session that has no run any more (deleted meanwhile)."""
         runs = self._qualified(self.models.run._meta.table_name)
         with self._write():
-            self._sql(f"DELETE FROM {self._heads} WHERE actor_id = ? AND session_id = ?", (actor_id, session_id))
+            # A head claimed under an idempotency key stays (claimed): that request, retried, is
+            # the same run of this session; for anyone else it is taken.
+            self._sql(
+                f"DELETE FROM {self._heads} WHERE actor_id = ? AND session_id = ?"
+                " AND (claimed_by IS NULL OR claimed_by LIKE ?)",
+                (actor_id, session_id, UNKEYED + "%"),
+            )
             self._sql(
                 f"INSERT INTO {self._heads} (actor_id, agent_id, digest, session_id, updated_at)"
                 " SELECT ?, ?, ?, ?, ? WHERE EXISTS"

@@ -340,7 +340,7 @@ class SessionIndexMixin:
 
     def delete_session_history(self, actor_id: str, session_id: str) -> bool:
         """Remove the gateway's history of one session: its runs, events, receipts, session record,
-        digests and index/search rows. False when there was nothing to remove."""
+        digests, conversation heads and index/search rows. False when there was nothing to remove."""
         runs = self._qualified(self.models.run._meta.table_name)
         events = self._qualified(self.models.event._meta.table_name)
         receipts = self._qualified(self.models.receipt._meta.table_name)
