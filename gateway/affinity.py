@@ -244,21 +244,35 @@ class ConversationAffinity:
                 if plan.claimed is not None:
                     await self._write(storage.release_conversation, run.actor_id, run.agent_id, plan.claimed)
                 return
-            events: list[Event] = []
-            after = 0
-            for _ in range(MAX_EVENT_PAGES):
-                page = await self._read_events(ended, after, EVENT_PAGE)
-                events.extend(page)
-                if len(page) < EVENT_PAGE:
-                    break
-                after = page[-1].seq
-            turns = conversation_turns([*plan.turns, ("user", message), ("assistant", answer_text(events))])
+            answer = await self._write(self._recorded_answer, run.actor_id, run.session_id, run.host_run_id)
+            if answer is None:  # not in the session transcript (kept turns only): from the journal
+                answer = answer_text(await self._events(ended))
+            turns = conversation_turns([*plan.turns, ("user", message), ("assistant", answer)])
             head = conversation_digest(turns)
             await self._write(storage.put_conversation, run.actor_id, run.agent_id, head, run.session_id)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("could not remember the conversation of run %s", run.host_run_id)
+
+    def _recorded_answer(self, actor_id: str, session_id: str, host_run_id: str) -> str | None:
+        """The run's answer as the session transcript recorded it (one row read)."""
+        record = self._storage.get_session(actor_id, session_id) or {}
+        for entry in reversed(record.get("turns") or []):
+            if entry.get("hostRunId") == host_run_id:
+                return str(entry.get("assistant") or "")
+        return None
+
+    async def _events(self, run: Run) -> list[Event]:
+        events: list[Event] = []
+        after = 0
+        for _ in range(MAX_EVENT_PAGES):
+            page = await self._read_events(run, after, EVENT_PAGE)
+            events.extend(page)
+            if len(page) < EVENT_PAGE:
+                break
+            after = page[-1].seq
+        return events
 
     async def close(self) -> None:
         """Stop following runs (the gateway stops): their heads are not stored."""

@@ -273,6 +273,24 @@ async def test_another_actor_with_the_same_history_gets_its_own_session(
     assert (mine["affinity"], mine["session"]) == ("continued", first["session"])
 
 
+async def test_the_history_is_compared_by_its_text_not_its_layout(sdk: openai.AsyncOpenAI) -> None:
+    """Content parts, white space and the tool messages in between do not make another conversation."""
+    first = await chat(sdk, "chat-only", [{"role": "user", "content": "first   question"}])
+    history: Messages = [
+        {"role": "user", "content": [{"type": "text", "text": "first question\n"}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "tool output"},
+        {"role": "assistant", "content": [{"type": "text", "text": "  " + first["text"]}]},
+        {"role": "user", "content": "second question"},
+    ]
+    second = await chat(sdk, "chat-only", history)
+    assert (second["affinity"], second["session"]) == ("continued", first["session"])
+
+
 async def test_a_retry_with_the_idempotency_key_is_the_same_run(sdk: openai.AsyncOpenAI) -> None:
     history: Messages = [{"role": "user", "content": "first question"}]
     first = await chat(sdk, "chat-only", history)
