@@ -244,24 +244,29 @@ class ConversationAffinity:
                 if plan.claimed is not None:
                     await self._write(storage.release_conversation, run.actor_id, run.agent_id, plan.claimed)
                 return
-            answer = await self._write(self._recorded_answer, run.actor_id, run.session_id, run.host_run_id)
-            if answer is None:  # not in the session transcript (kept turns only): from the journal
-                answer = answer_text(await self._events(ended))
-            turns = conversation_turns([*plan.turns, ("user", message), ("assistant", answer)])
-            head = conversation_digest(turns)
-            await self._write(storage.put_conversation, run.actor_id, run.agent_id, head, run.session_id)
+            # On a worker: the answer as the session transcript recorded it, the digest, the write
+            # (a long answer's normalising and hashing stay off the event loop).
+            if not await self._write(self._remember, run, plan.turns, message, None):
+                # not in the session transcript (it keeps the last turns only): from the journal
+                await self._write(self._remember, run, plan.turns, message, answer_text(await self._events(ended)))
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("could not remember the conversation of run %s", run.host_run_id)
 
-    def _recorded_answer(self, actor_id: str, session_id: str, host_run_id: str) -> str | None:
-        """The run's answer as the session transcript recorded it (one row read)."""
-        record = self._storage.get_session(actor_id, session_id) or {}
-        for entry in reversed(record.get("turns") or []):
-            if entry.get("hostRunId") == host_run_id:
-                return str(entry.get("assistant") or "")
-        return None
+    def _remember(self, run: Run, earlier: Turns, message: str, answer: str | None) -> bool:
+        """Store the head of ``run``'s conversation; without ``answer``, the one the session
+        transcript recorded for the run (False: it has none). Blocking (a worker's)."""
+        storage = self._storage
+        if answer is None:
+            record = storage.get_session(run.actor_id, run.session_id) or {}
+            recorded = [e for e in record.get("turns") or () if e.get("hostRunId") == run.host_run_id]
+            if not recorded:
+                return False
+            answer = str(recorded[-1].get("assistant") or "")
+        turns = conversation_turns([*earlier, ("user", message), ("assistant", answer)])
+        storage.put_conversation(run.actor_id, run.agent_id, conversation_digest(turns), run.session_id)
+        return True
 
     async def _events(self, run: Run) -> list[Event]:
         events: list[Event] = []
