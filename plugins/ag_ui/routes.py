@@ -62,7 +62,8 @@ _TEXT_PART = {
 }
 _PARTS = {"type": "array", "items": _TEXT_PART}
 _MESSAGE = {
-    "description": "An AG-UI message (only the user messages are read: the agent keeps its own history)",
+    "description": "An AG-UI message (the last user message is the run's; the earlier ones choose the session of a "
+    "thread the caller does not have yet: docs/sessions.md, conversation affinity)",
     "oneOf": [
         {
             "type": "object",
@@ -137,10 +138,12 @@ _GATEWAY_PROPS = {
 RUN_OPENAPI: dict[str, Any] = {
     "operationId": "agUiRun",
     "summary": "Run an agent from an AG-UI RunAgentInput and stream AG-UI events",
-    "description": "threadId is the gateway session, runId the idempotency key (requestId), the last user "
-    "message with text the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options, "
-    "parentRunId and multitaskStrategy for the gateway run; the `X-Agent-Gateway-Multitask` header (enqueue, reject, "
-    "interrupt, rollback) wins over it. See docs/ag-ui.md.",
+    "description": "threadId is the gateway session (a new thread whose input carries earlier messages goes to the "
+    "caller's session those messages continue, or starts with them as history: RUN_STARTED "
+    "metadata.agentGateway.sessionId and the X-Agent-Gateway-Session header say which), runId the idempotency key "
+    "(requestId), the last user message with text the run's message. `forwardedProps.agentGateway` may carry "
+    "workspaceId, context, options, parentRunId and multitaskStrategy for the gateway run; the "
+    "`X-Agent-Gateway-Multitask` header (enqueue, reject, interrupt, rollback) wins over it. See docs/ag-ui.md.",
     "tags": _TAGS,
     "parameters": [
         {
