@@ -135,6 +135,8 @@ class ConversationPlan:
     turns: Turns = field(default_factory=list)  # the earlier turns
     claimed: str | None = None  # the head digest this request claimed
     claimer: str | None = None
+    actor_id: str = ""
+    agent_id: str = ""
 
 
 class ConversationAffinity:
@@ -190,7 +192,7 @@ class ConversationAffinity:
             claim = self._storage.claim_conversation
             found = await self._write(claim, actor_id, agent_id, digest, claimer, now_ms())
             if found is not None:
-                return ConversationPlan(found, "continued", turns, digest, claimer)
+                return ConversationPlan(found, "continued", turns, digest, claimer, actor_id, agent_id)
         await self._write(self._seed, actor_id, fresh, seed_turns(turns))
         return ConversationPlan(fresh, "new", turns)
 
@@ -201,6 +203,11 @@ class ConversationAffinity:
         at = now_ms()
         record = {"sessionId": session_id, "actorId": actor_id, "createdAt": at, "updatedAt": at, "turns": entries}
         self._storage.put_session(actor_id, session_id, record)
+
+    async def release(self, plan: ConversationPlan) -> None:
+        """No run was created for ``plan`` (the request was refused): its claim goes."""
+        if plan.claimed is not None and self.enabled:
+            await self._write(self._storage.release_conversation, plan.actor_id, plan.agent_id, plan.claimed)
 
     def known(self, actor_id: str, session_id: str) -> bool:
         """Whether the actor has that session (a record or a run); blocking (a worker's)."""

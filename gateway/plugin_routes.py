@@ -338,6 +338,11 @@ class PluginRoutes:
         completed, so the next request resending it continues the session."""
         self._affinity.follow(run, plan, message)
 
+    async def release_conversation(self, plan: ConversationPlan) -> None:
+        """The request of ``plan`` created no run (refused): the session it claimed may be
+        continued again."""
+        await self._affinity.release(plan)
+
     async def session_known(self, actor_id: str, session_id: str) -> bool:
         """Whether ``actor_id`` has a session ``session_id`` (a record or a run)."""
         return bool(await self._gateway.journal.write(self._affinity.known, actor_id, session_id))

@@ -334,6 +334,20 @@ async def test_a_failed_turn_leaves_the_session_to_continue(sdk: openai.AsyncOpe
     assert (retry["affinity"], retry["session"]) == ("continued", first["session"])
 
 
+async def test_a_refused_request_leaves_the_session_to_continue(sdk: openai.AsyncOpenAI) -> None:
+    history: Messages = [{"role": "user", "content": "first question"}]
+    first = await chat(sdk, "chat-only", history)
+    history += [{"role": "assistant", "content": first["text"]}, {"role": "user", "content": "second question"}]
+    with pytest.raises(openai.BadRequestError):  # refused by the core: no run
+        await sdk.chat.completions.create(
+            model="chat-only",
+            messages=history,
+            extra_headers={"X-Agent-Gateway-Multitask": "no-such-strategy"},  # type: ignore[arg-type]
+        )
+    second = await chat(sdk, "chat-only", history)
+    assert (second["affinity"], second["session"]) == ("continued", first["session"])
+
+
 async def test_a_deleted_session_is_not_continued(make_gateway: MakeGateway, storage_kind: str) -> None:
     gateway = await make_gateway(tokens={ALICE: "alice"}, storage=storage_kind)
     sdk = sdk_for(gateway)

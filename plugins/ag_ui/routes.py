@@ -347,8 +347,6 @@ class AgUiRoutes:
         raw = await read_json(request)
         body = run_body(request.match_info["agentId"], raw)
         thread_id = body["sessionId"]
-        plan = await self._conversation(request, body, earlier_turns(raw))
-        body["sessionId"] = plan.session_id
         strategy = request.headers.get(MULTITASK_HEADER)
         if strategy is not None:  # wins over forwardedProps; the core checks it (a 400 naming the strategies)
             if body.get("multitaskStrategy") not in (None, *MULTITASK_STRATEGIES):
@@ -356,10 +354,13 @@ class AgUiRoutes:
                     400, "invalid_request", "forwardedProps.agentGateway.multitaskStrategy is not a strategy"
                 )
             body["multitaskStrategy"] = strategy.strip()
+        plan = await self._conversation(request, body, earlier_turns(raw))
+        body["sessionId"] = plan.session_id
         try:
             run, _created = await self.routes.create_run(request, body)
-        except ApiError as refused:
-            if refused.status != 429:
+        except Exception as refused:
+            await self.routes.release_conversation(plan)  # no run: the session it claimed is free
+            if not isinstance(refused, ApiError) or refused.status != 429:
                 raise
             response = web.json_response(
                 {"error": {"code": refused.code, "message": str(refused), **refused.extra}}, status=429

@@ -205,6 +205,16 @@ class OpenAIRoutes:
         run, _ = await self.routes.create_run(request, run_request)
         return run
 
+    async def _create_for(
+        self, request: web.Request, agent: str, plan: ConversationPlan, body: dict[str, Any], message: str
+    ) -> Run:
+        """`_create` in the plan's session; a refusal releases the session the plan claimed."""
+        try:
+            return await self._create(request, agent, plan.session_id, body, message)
+        except Exception:
+            await self.routes.release_conversation(plan)
+            raise
+
     async def _all_events(self, run: Run) -> list[Event]:
         events: list[Event] = []
         after = 0
@@ -265,7 +275,7 @@ class OpenAIRoutes:
         if not isinstance(include_usage, bool):
             raise invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
         plan = await self._conversation(request, agent, body, chat_earlier(messages, last_user[1]))
-        run = await self._create(request, agent, plan.session_id, body, message)
+        run = await self._create_for(request, agent, plan, body, message)
         self.routes.follow_conversation(run, plan, message)
         headers = _session_headers(run, plan)
         completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage)
@@ -318,7 +328,7 @@ class OpenAIRoutes:
         if previous is not None:
             fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
         plan = await self._conversation(request, agent, body, input_earlier(body.get("input")), fallback)
-        run = await self._create(request, agent, plan.session_id, body, message)
+        run = await self._create_for(request, agent, plan, body, message)
         self.routes.follow_conversation(run, plan, message)
         headers = _session_headers(run, plan)
         if stream:
