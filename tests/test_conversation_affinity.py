@@ -300,6 +300,16 @@ async def test_a_retry_with_the_idempotency_key_is_the_same_run(sdk: openai.Asyn
     again = await sdk.chat.completions.with_raw_response.create(model="chat-only", messages=history, extra_headers=key)  # type: ignore[arg-type]
     assert sent.parse().id == again.parse().id
     assert sent.headers[SESSION] == again.headers[SESSION] == first["session"]
+    # The same for a first question (a new session): the retry is the same run.
+    fresh = {"Idempotency-Key": "turn-1-" + uuid.uuid4().hex}
+    question: Messages = [{"role": "user", "content": "a new conversation"}]
+    sent = await sdk.chat.completions.with_raw_response.create(
+        model="chat-only", messages=question, extra_headers=fresh
+    )  # type: ignore[arg-type]
+    again = await sdk.chat.completions.with_raw_response.create(
+        model="chat-only", messages=question, extra_headers=fresh
+    )  # type: ignore[arg-type]
+    assert sent.parse().id == again.parse().id and sent.headers[SESSION] == again.headers[SESSION]
     # Without the key, the same history is another request: a branch.
     other = await chat(sdk, "chat-only", history)
     assert other["affinity"] == "new"

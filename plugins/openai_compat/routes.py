@@ -13,6 +13,7 @@ run's journal through :mod:`.mapping`'s encoders, so every response can be resum
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -165,12 +166,14 @@ class OpenAIRoutes:
         """The run's session: the one the request names, else the one its history continues, else
         a new one holding that history (docs/sessions.md, "Conversation affinity")."""
         key = request.headers.get(IDEMPOTENCY_HEADER)
+        # A new session of a keyed request is named after the key: its retry finds the same run.
+        fresh = hashlib.sha256(key.encode()).hexdigest()[:32] if key is not None else uuid.uuid4().hex
         return await self.routes.conversation(
             request,
             agent,
             earlier,
             session_id=self._session(request, body, fallback),
-            new_session_id="openai-" + uuid.uuid4().hex,
+            new_session_id="openai-" + fresh,
             claimer=f"openai:{key}" if key is not None else None,
         )
 
