@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "Actor": "agent_gateway.auth",
     "bearer_token": "agent_gateway.auth",
     # helpers for runtime, tool and route plugins
+    "ConversationPlan": "agent_gateway.affinity",
     "SHORT_REPLY_WARNING": "agent_gateway.sessions",
     "cold_resume_packet": "agent_gateway.sessions",
     "has_context": "agent_gateway.sessions",
@@ -127,6 +128,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "GatewayContext",
     "Actor",
     "bearer_token",
+    "ConversationPlan",
     "SHORT_REPLY_WARNING",
     "cold_resume_packet",
     "has_context",
@@ -170,6 +172,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
 if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__ resolves them
     from agent_gateway.acp.runtime import SECTION_DEFAULTS as ACP_SECTION_DEFAULTS
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy, spec_options, validate_section
+    from agent_gateway.affinity import ConversationPlan
     from agent_gateway.auth import Actor, bearer_token
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner

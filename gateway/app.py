@@ -496,6 +496,7 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
             gw.runtimes,
             gw.tools,
             gw.executor,
+            gw.storage,
         ),
         app.router,
     )

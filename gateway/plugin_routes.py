@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from agent_gateway.affinity import ConversationAffinity, ConversationPlan
 from agent_gateway.auth import Actor, Auth, identity
 from agent_gateway.errors import ErrorShape, PluginError
 from agent_gateway.preferences import Preferences
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from agent_gateway.models import Event, Run
     from agent_gateway.runs import RunManager
     from agent_gateway.runtime import Runtime
+    from agent_gateway.storage import Storage
     from agent_gateway.tools import Tool, ToolFacade
 
 log = logging.getLogger("agent_gateway.plugin_routes")
@@ -72,6 +74,7 @@ class PluginRoutesDeps:
     runtimes: Mapping[str, Runtime]
     tools: ToolFacade
     executor: Executor
+    storage: Storage
 
 
 class PluginRoutes:
@@ -87,6 +90,7 @@ class PluginRoutes:
         self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
         self._on_shutdown: list[ShutdownCallback] = []
         self._closed = False
+        self._conversations: ConversationAffinity | None = None
 
     # -- declaring routes (only while register_routes runs) -----------------------------------------
     def add(
@@ -305,6 +309,54 @@ class PluginRoutes:
         await self._deps.runs.wait(run.host_run_id)
         return await self._deps.runs.get(run.host_run_id, run.actor_id) or run
 
+    # -- conversation affinity (docs/sessions.md) ---------------------------------------------------
+    @property
+    def _affinity(self) -> ConversationAffinity:
+        if self._conversations is None:
+            deps = self._deps
+            self._conversations = ConversationAffinity(deps.storage, deps.journal.write, self.wait_run, self.events)
+        return self._conversations
+
+    async def conversation(
+        self,
+        request: web.Request,
+        agent_id: str,
+        earlier: list[tuple[str, str]],
+        *,
+        session_id: str | None = None,
+        new_session_id: str | None = None,
+        claimer: str | None = None,
+    ) -> ConversationPlan:
+        """The session of a request, from its history when it names none (``session_id``, which
+        always wins): ``earlier`` is the ``(role, text)`` of its messages before the last user
+        message. A history that ends where one of the caller's sessions with ``agent_id`` ended
+        continues it (claimed: a second request with that history gets a new session); any other
+        starts a new session (``new_session_id``, default a random one) that holds that history.
+        ``claimer``: the request's idempotency key. Call :meth:`follow_conversation` with the run
+        created (see docs/sessions.md, "Conversation affinity")."""
+        return await self._affinity.plan(
+            self.actor(request),
+            agent_id,
+            earlier,
+            session_id=session_id,
+            new_session_id=new_session_id,
+            claimer=claimer,
+        )
+
+    def follow_conversation(self, run: Run, plan: ConversationPlan, message: str) -> None:
+        """Remember ``run``'s conversation (``plan``'s turns, ``message``, its answer) once it has
+        completed, so the next request resending it continues the session."""
+        self._affinity.follow(run, plan, message)
+
+    async def release_conversation(self, plan: ConversationPlan) -> None:
+        """The request of ``plan`` created no run (refused): the session it claimed may be
+        continued again."""
+        await self._affinity.release(plan)
+
+    async def session_known(self, actor_id: str, session_id: str) -> bool:
+        """Whether ``actor_id`` has a session ``session_id`` (a record or a run)."""
+        return bool(await self._deps.journal.write(self._affinity.known, actor_id, session_id))
+
     async def in_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` on the gateway's worker threads, off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._deps.executor, fn, *args)
@@ -320,6 +372,8 @@ class PluginRoutes:
         self._closed = True
 
     async def shutdown(self) -> None:
+        if self._conversations is not None:
+            await self._conversations.close()
         for callback in self._on_shutdown:
             try:
                 result = callback()

@@ -94,6 +94,22 @@ class Storage(Protocol):
 
     def list_receipts(self, host_run_id: str) -> list[dict[str, Any]]: ...
 
+    # -- conversation heads (conversation affinity; docs/sessions.md) ---------------------------------
+    # Optional: without all three, a resent history is never matched to a session (every one
+    # starts a new session given that history). `delete_session_history` removes a session's heads.
+    def claim_conversation(self, actor_id: str, agent_id: str, digest: str, claimer: str, at: int) -> str | None:
+        """The session whose head is ``digest``, claimed for ``claimer`` (if unclaimed or already
+        ``claimer``'s), atomically; None when there is none or another claimer holds it."""
+
+    def release_conversation(self, actor_id: str, agent_id: str, digest: str) -> None:
+        """Unclaim the head ``digest`` (its claiming run did not complete)."""
+
+    def put_conversation(self, actor_id: str, agent_id: str, digest: str, session_id: str) -> None:
+        """Make ``digest`` the session's head (over another session holding it), unless the
+        session has no run any more. Its other heads go, except those claimed under an
+        idempotency key (a claimer not starting with ``claim-``): a retry of that request claims
+        it again and is the same run."""
+
     # -- the session index (GET /v1/sessions; docs/sessions.md) --------------------------------------
     # Optional: a storage without these methods serves no /v1/sessions routes (they answer 501).
     def touch_session_index(self, run: Run) -> None:
@@ -138,7 +154,7 @@ class Storage(Protocol):
 
     def delete_session_history(self, actor_id: str, session_id: str) -> bool:
         """Remove the gateway's history of a session (runs, events, receipts, session record,
-        index and search rows); False when there was none."""
+        index and search rows, conversation heads); False when there was none."""
 
     def runs_without_digest(self, limit: int = 1000) -> list[Run]:
         """Ended runs not yet indexed (e.g. marked interrupted at start-up)."""

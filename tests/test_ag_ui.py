@@ -725,7 +725,9 @@ def test_a_cut_inside_a_merged_delta_resumes_from_the_unmerged_journal_without_l
 async def test_a_null_multitask_strategy_is_the_default(make_gateway: MakeGateway) -> None:
     # The operation declares the field nullable: null means "not chosen", never a 400 from the core.
     client = await make_gateway()
-    body = agui_input("hello", forwardedProps={"agentGateway": {"workspaceId": "local:test", "multitaskStrategy": None}})
+    body = agui_input(
+        "hello", forwardedProps={"agentGateway": {"workspaceId": "local:test", "multitaskStrategy": None}}
+    )
     response, raw = await post_run(client, "chat-only", body)
     assert response.status == 200, raw[:500]
     assert [e["type"] for _id, e in parse(raw)][-1] == "RUN_FINISHED"

@@ -690,3 +690,33 @@ def test_the_webhook_outbox_row_comes_with_its_run_and_one_instance_claims_it(ma
     first.update_webhook("msg_run-1", state="delivered", attempts=1, lease_until=0, last_status=200)
     assert second.due_webhooks(now + 10_000) == []
     assert second.get_webhook("run-1")["state"] == "delivered"  # type: ignore[index]
+
+
+def test_conversation_heads_are_claimed_once_released_and_replaced(make_storage: StorageFactory) -> None:
+    """docs/sessions.md, conversation affinity: one claim per head at a time (a retry with the same
+    claimer claims it again), a released head is claimable again, a session keeps one head, and
+    its heads go with it."""
+    first, second = make_storage(), make_storage()
+    run = make_run(1)  # alice's session "s"
+    first.insert_run(run)
+    actor, session = run.actor_id, run.session_id
+    first.put_conversation(actor, "chat-only", "d1", session)
+    assert first.claim_conversation("someone-else", "chat-only", "d1", "claim-x", 1) is None  # per actor
+    assert first.claim_conversation(actor, "other-agent", "d1", "claim-x", 1) is None  # per agent
+    assert first.claim_conversation(actor, "chat-only", "d1", "claim-a", 1) == session
+    assert second.claim_conversation(actor, "chat-only", "d1", "claim-b", 2) is None  # taken
+    assert second.claim_conversation(actor, "chat-only", "d1", "claim-a", 3) == session  # the same request
+    second.release_conversation(actor, "chat-only", "d1")
+    assert second.claim_conversation(actor, "chat-only", "d1", "key-1", 4) == session
+    # The session moves on: its new head replaces the old, except a head claimed under a key.
+    first.put_conversation(actor, "chat-only", "d2", session)
+    assert first.claim_conversation(actor, "chat-only", "d1", "key-1", 5) == session  # the keyed retry
+    assert first.claim_conversation(actor, "chat-only", "d1", "claim-c", 5) is None
+    first.put_conversation(actor, "chat-only", "d3", session)
+    assert first.claim_conversation(actor, "chat-only", "d2", "claim-d", 6) is None  # no longer the head
+    # No head for a session without runs (deleted meanwhile); a delete takes the session's heads.
+    first.put_conversation(actor, "chat-only", "d9", "no-such-session")
+    assert first.claim_conversation(actor, "chat-only", "d9", "claim-e", 7) is None
+    assert first.delete_session_history(actor, session)
+    assert first.claim_conversation(actor, "chat-only", "d3", "claim-f", 8) is None
+    assert first.claim_conversation(actor, "chat-only", "d1", "key-1", 8) is None

@@ -90,6 +90,7 @@ class AgUiTranslator:
 
     def __init__(self, run: Run) -> None:
         self.thread_id = run.session_id
+        self.session_id = run.session_id  # the gateway session (the thread, or the one its history continued)
         self.run_id = run.request_id  # the AG-UI runId the client sent
         self.host_run_id = run.host_run_id
         self.text_id: str | None = None  # the open text message
@@ -296,6 +297,7 @@ class AgUiTranslator:
     def run_started(self, resumed: bool = False) -> RunStartedEvent:
         gateway: dict[str, Any] = {
             "hostRunId": self.host_run_id,
+            "sessionId": self.session_id,
             "resumeUrl": f"/v1/ag-ui/runs/{self.host_run_id}/stream",
         }
         if resumed:

@@ -23,6 +23,7 @@ PREFIX_PAGE = 2000
 # The keys of `forwardedProps.agentGateway` that go into the gateway run as they are.
 GATEWAY_PROPS = ("workspaceId", "context", "options", "parentRunId", "multitaskStrategy")
 MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
+SESSION_AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"
 MULTITASK_STRATEGIES = ["enqueue", "reject", "interrupt", "rollback"]
 
 _ERRORS = {
@@ -62,8 +63,9 @@ _TEXT_PART = {
 }
 _PARTS = {"type": "array", "items": _TEXT_PART}
 _MESSAGE = {
-    "description": "An AG-UI message (the user messages are read, and for an agent that takes client tools the "
-    "assistant tool calls and tool results after the last one: the agent keeps its own history)",
+    "description": "An AG-UI message (the last user message is the run's; the earlier ones choose the session of a "
+    "thread the caller does not have yet: docs/sessions.md, conversation affinity; for an agent that takes client "
+    "tools, the assistant tool calls and tool results after the last user message are read too)",
     "oneOf": [
         {
             "type": "object",
@@ -158,10 +160,12 @@ _GATEWAY_PROPS = {
 RUN_OPENAPI: dict[str, Any] = {
     "operationId": "agUiRun",
     "summary": "Run an agent from an AG-UI RunAgentInput and stream AG-UI events",
-    "description": "threadId is the gateway session, runId the idempotency key (requestId), the last user "
-    "message with text the run's message. `forwardedProps.agentGateway` may carry workspaceId, context, options, "
-    "parentRunId and multitaskStrategy for the gateway run; the `X-Agent-Gateway-Multitask` header (enqueue, reject, "
-    "interrupt, rollback) wins over it. See docs/ag-ui.md.",
+    "description": "threadId is the gateway session (a new thread whose input carries earlier messages goes to the "
+    "caller's session those messages continue, or starts with them as history: RUN_STARTED "
+    "metadata.agentGateway.sessionId and the X-Agent-Gateway-Session header say which), runId the idempotency key "
+    "(requestId), the last user message with text the run's message. `forwardedProps.agentGateway` may carry "
+    "workspaceId, context, options, parentRunId and multitaskStrategy for the gateway run; the "
+    "`X-Agent-Gateway-Multitask` header (enqueue, reject, interrupt, rollback) wins over it. See docs/ag-ui.md.",
     "tags": _TAGS,
     "parameters": [
         {
@@ -268,6 +272,31 @@ def _user_text(content: Any) -> str | None:
     return None
 
 
+def earlier_turns(body: Any) -> list[tuple[str, str]]:
+    """``(role, text)`` of a ``RunAgentInput``'s messages before its last user message with text
+    (already validated by :func:`run_body`): the history conversation affinity looks at."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list):
+        return []
+    last = 0
+    for index, item in enumerate(messages):
+        if isinstance(item, dict) and item.get("role") == "user":
+            text = _raw_text(item.get("content"))
+            if VISIBLE_TEXT.search(text):
+                last = index
+    return [
+        (str(item.get("role")), _raw_text(item.get("content"))) for item in messages[:last] if isinstance(item, dict)
+    ]
+
+
+def _raw_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
 def run_body(agent_id: str, body: Any) -> dict[str, Any]:
     """The ``POST /v1/runs`` body of an AG-UI ``RunAgentInput``; a 400 :class:`ApiError` if it is not one."""
     try:
@@ -346,6 +375,7 @@ class AgUiRoutes:
         options, ignored = client_tools(raw, self.routes.runtime(agent), self.client_tools, agent)
         if options is not None and isinstance(body.get("options") or {}, dict):
             body["options"] = {**(body.get("options") or {}), "clientTools": options}
+        thread_id = body["sessionId"]
         strategy = request.headers.get(MULTITASK_HEADER)
         if strategy is not None:  # wins over forwardedProps; the core checks it (a 400 naming the strategies)
             if body.get("multitaskStrategy") not in (None, *MULTITASK_STRATEGIES):
@@ -353,27 +383,48 @@ class AgUiRoutes:
                     400, "invalid_request", "forwardedProps.agentGateway.multitaskStrategy is not a strategy"
                 )
             body["multitaskStrategy"] = strategy.strip()
+        plan = await self._conversation(request, body, earlier_turns(raw))
+        body["sessionId"] = plan.session_id
         try:
             run, _created = await self.routes.create_run(request, body)
-        except ApiError as refused:
-            if refused.status != 429:
+        except Exception as refused:
+            await self.routes.release_conversation(plan)  # no run: the session it claimed is free
+            if not isinstance(refused, ApiError) or refused.status != 429:
                 raise
             response = web.json_response(
                 {"error": {"code": refused.code, "message": str(refused), **refused.extra}}, status=429
             )
             response.headers["Retry-After"] = str(refused.extra.get("retryAfterSeconds", 1))
             return response
+        self.routes.follow_conversation(run, plan, body["message"])
         translator = AgUiTranslator(run)
         translator.ignored = ignored
-        headers = self._headers(run)
+        translator.thread_id = thread_id  # as sent, whichever session the run went to
+        headers = {**self._headers(run), SESSION_AFFINITY_HEADER: plan.affinity}
         if ignored:
             headers[IGNORED_HEADER] = ", ".join(ignored)
         return await self.routes.stream(request, run, encode=self._encoder(translator), headers=headers)
+
+    async def _conversation(self, request: web.Request, body: dict[str, Any], earlier: list[tuple[str, str]]) -> Any:
+        """The run's session: the thread, when the caller has it or the input carries no earlier
+        turns; else the session those turns continue, or the new thread given them as its history
+        (docs/sessions.md, "Conversation affinity")."""
+        thread_id = body["sessionId"]
+        pinned = not earlier or await self.routes.session_known(self.routes.actor(request), thread_id)
+        return await self.routes.conversation(
+            request,
+            body["agentId"],
+            earlier,
+            session_id=thread_id if pinned else None,
+            new_session_id=thread_id,
+            claimer=f"ag-ui:{thread_id}:{body['requestId']}",
+        )
 
     @staticmethod
     def _headers(run: Run) -> dict[str, str]:
         return {
             "X-Agent-Gateway-Run-Id": run.host_run_id,
+            "X-Agent-Gateway-Session": run.session_id,
             "Content-Location": f"/v1/ag-ui/runs/{run.host_run_id}/stream",
         }
 

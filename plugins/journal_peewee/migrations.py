@@ -335,6 +335,17 @@ def journal_2(ctx: MigrationContext) -> None:
     ctx.sql(f"CREATE INDEX IF NOT EXISTS {ctx.prefix}webhook_outbox_due ON {ob} (state, next_at)")
 
 
+def journal_3(ctx: MigrationContext) -> None:
+    """conversation heads: the session a resent conversation continues (conversation affinity)"""
+    heads = ctx.table("conversation_heads")
+    ctx.sql(
+        f"CREATE TABLE IF NOT EXISTS {heads} (actor_id TEXT NOT NULL, agent_id TEXT NOT NULL,"
+        " digest TEXT NOT NULL, session_id TEXT NOT NULL, updated_at BIGINT NOT NULL, claimed_by TEXT,"
+        " claimed_at BIGINT, PRIMARY KEY (actor_id, agent_id, digest))"
+    )
+    ctx.sql(f"CREATE INDEX IF NOT EXISTS {ctx.prefix}conversation_heads_session ON {heads} (actor_id, session_id)")
+
+
 # Append only: the Nth function brings the journal to version N.
-JOURNAL_MIGRATIONS: tuple[Migration, ...] = (journal_1, journal_2)
+JOURNAL_MIGRATIONS: tuple[Migration, ...] = (journal_1, journal_2, journal_3)
 JOURNAL_VERSION = len(JOURNAL_MIGRATIONS)

@@ -340,7 +340,7 @@ class SessionIndexMixin:
 
     def delete_session_history(self, actor_id: str, session_id: str) -> bool:
         """Remove the gateway's history of one session: its runs, events, receipts, session record,
-        digests and index/search rows. False when there was nothing to remove."""
+        digests, conversation heads and index/search rows. False when there was nothing to remove."""
         runs = self._qualified(self.models.run._meta.table_name)
         events = self._qualified(self.models.event._meta.table_name)
         receipts = self._qualified(self.models.receipt._meta.table_name)
@@ -357,6 +357,8 @@ class SessionIndexMixin:
             self._sql(f"DELETE FROM {self._rd} WHERE actor_id = ? AND session_id = ?", key)
             self._sql(f"DELETE FROM {runs} WHERE actor_id = ? AND session_id = ?", key)
             self._sql(f"DELETE FROM {records} WHERE actor_id = ? AND session_id = ?", key)
+            heads = self._qualified(f"{self.table_prefix}conversation_heads")  # conversations.py
+            self._sql(f"DELETE FROM {heads} WHERE actor_id = ? AND session_id = ?", key)
             if found is not None:
                 if self.is_sqlite:
                     self._sql(f"DELETE FROM {self._fts} WHERE rowid = ?", (found[0],))

@@ -48,6 +48,7 @@ from playhouse import db_url
 
 from agent_gateway import Event, RequestConflict, Run, StorageUnavailable, now_ms
 
+from .conversations import ConversationMixin
 from .maintenance import MaintenanceMixin
 from .migrations import JOURNAL, JOURNAL_MIGRATIONS, Migration, read_version, run_migrations
 from .outbox import OutboxMixin
@@ -303,7 +304,7 @@ def _reconnecting(method: Callable[..., _Result]) -> Callable[..., _Result]:
 # -- the storage ------------------------------------------------------------------------------------
 
 
-class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin):
+class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin, ConversationMixin):
     """:class:`agent_gateway.storage.Storage` over peewee (SQLite or PostgreSQL). Thread-safe."""
 
     def __init__(
@@ -387,6 +388,9 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin):
     compact_run = _reconnecting(MaintenanceMixin.compact_run)
     expired_runs = _reconnecting(MaintenanceMixin.expired_runs)
     delete_run_history = _reconnecting(MaintenanceMixin.delete_run_history)
+    claim_conversation = _reconnecting(ConversationMixin.claim_conversation)
+    release_conversation = _reconnecting(ConversationMixin.release_conversation)
+    put_conversation = _reconnecting(ConversationMixin.put_conversation)
 
     def __repr__(self) -> str:
         return f"PeeweeStorage({redact_url(self.url)!r}, table_prefix={self.table_prefix!r}, schema={self.schema!r})"

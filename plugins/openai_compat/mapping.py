@@ -370,7 +370,7 @@ class ResponseStream:
             "error": self.error,
             "incomplete_details": self.incomplete,
             "instructions": None,
-            "metadata": {},
+            "metadata": {"session_id": run.session_id},
             "parallel_tool_calls": False,
             "temperature": None,
             "top_p": None,

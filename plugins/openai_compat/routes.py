@@ -3,7 +3,9 @@
 Each request becomes an ordinary gateway run (``PluginRoutes.create_run``): ``model`` is the agent
 id, the last user message is the run's message, and the session comes from the
 ``X-Agent-Gateway-Session`` header, ``metadata.session_id``, ``previous_response_id`` (responses)
-or ``user``, in that order; without any, every request is a session of its own. What a request
+or ``user``, in that order; without any, from the conversation the request resends (the session
+whose last turn it ends with, else a new one given that history: docs/sessions.md). The session
+used is the ``X-Agent-Gateway-Session`` header of the answer. What a request
 does while the session still answers comes from the ``X-Agent-Gateway-Multitask`` header or
 ``metadata.multitask_strategy`` (the run's ``multitaskStrategy``). Streams are the
 run's journal through :mod:`.mapping`'s encoders, so every response can be resumed.
@@ -11,6 +13,7 @@ run's journal through :mod:`.mapping`'s encoders, so every response can be resum
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
@@ -20,9 +23,10 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_gateway import ApiError, Event, PluginRoutes, Run, read_json
+from agent_gateway import ApiError, ConversationPlan, Event, PluginRoutes, Run, read_json
 
 from .client_tools import IGNORED_HEADER, ClientToolsRequest
+from .conversation import chat_earlier, input_earlier
 from .mapping import (
     CLIENT_TOOL_CALL,
     RESPONSE_PREFIX,
@@ -33,6 +37,7 @@ from .mapping import (
 )
 
 SESSION_HEADER = "X-Agent-Gateway-Session"
+AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"
 MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_ID_LENGTH = 200
@@ -150,7 +155,8 @@ class OpenAIRoutes:
             error.headers = {"x-should-retry": "false"}  # nothing changes until an operator acts
             raise error
 
-    def _session(self, request: web.Request, body: dict[str, Any], fallback: str | None = None) -> str:
+    def _session(self, request: web.Request, body: dict[str, Any], fallback: str | None = None) -> str | None:
+        """The session the request names, or None (then its history chooses: `_conversation`)."""
         metadata = _optional(body, "metadata", dict, "an object of strings")
         if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
             raise invalid("metadata values must be strings", "metadata")
@@ -164,7 +170,29 @@ class OpenAIRoutes:
             return fallback
         if user:
             return _id_text(user, "user")
-        return "openai-" + uuid.uuid4().hex
+        return None
+
+    async def _conversation(
+        self,
+        request: web.Request,
+        agent: str,
+        body: dict[str, Any],
+        earlier: list[tuple[str, str]],
+        fallback: str | None = None,
+    ) -> ConversationPlan:
+        """The run's session: the one the request names, else the one its history continues, else
+        a new one holding that history (docs/sessions.md, "Conversation affinity")."""
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        # A new session of a keyed request is named after the key: its retry finds the same run.
+        fresh = hashlib.sha256(key.encode()).hexdigest()[:32] if key is not None else uuid.uuid4().hex
+        return await self.routes.conversation(
+            request,
+            agent,
+            earlier,
+            session_id=self._session(request, body, fallback),
+            new_session_id="openai-" + fresh,
+            claimer=f"openai:{key}" if key is not None else None,
+        )
 
     def _workspace(self, body: dict[str, Any]) -> str:
         metadata = body.get("metadata") or {}
@@ -206,6 +234,22 @@ class OpenAIRoutes:
             run_request["multitaskStrategy"] = strategy.strip()
         run, _ = await self.routes.create_run(request, run_request)
         return run
+
+    async def _create_for(
+        self,
+        request: web.Request,
+        agent: str,
+        plan: ConversationPlan,
+        body: dict[str, Any],
+        message: str,
+        options: dict[str, Any] | None = None,
+    ) -> Run:
+        """`_create` in the plan's session; a refusal releases the session the plan claimed."""
+        try:
+            return await self._create(request, agent, plan.session_id, body, message, options)
+        except Exception:
+            await self.routes.release_conversation(plan)
+            raise
 
     async def _all_events(self, run: Run) -> list[Event]:
         events: list[Event] = []
@@ -268,10 +312,13 @@ class OpenAIRoutes:
             raise invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
         asked = ClientToolsRequest.from_chat(body, messages, last_user[1])
         options, ignored = self._client_tools(agent, asked)
-        session = self._session(request, body)
-        run = await self._create(request, agent, session, body, message, options)
+        plan = await self._conversation(request, agent, body, chat_earlier(messages, last_user[1]))
+        run = await self._create_for(request, agent, plan, body, message, options)
+        self.routes.follow_conversation(run, plan, message)
+        headers = _session_headers(run, plan)
+        if ignored:
+            headers[IGNORED_HEADER] = ", ".join(ignored)
         completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage, ignored=ignored)
-        headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else None
         if stream:
             # Chat chunks are not numbered: a slow client may get merged deltas (same text).
             return await self.routes.stream(request, run, encode=completion.encode, headers=headers)
@@ -281,7 +328,7 @@ class OpenAIRoutes:
             error = {"message": completion.failure, "type": "server_error", "param": None}
             error["code"] = f"run_{completion.status}"
             # Not retried by the SDK: a retry would be a new turn of the same session.
-            return web.json_response({"error": error}, status=502, headers={"x-should-retry": "false"})
+            return web.json_response({"error": error}, status=502, headers={"x-should-retry": "false", **headers})
         return web.json_response(result, headers=headers)
 
     # -- /v1/responses --------------------------------------------------------------------------------
@@ -362,9 +409,12 @@ class OpenAIRoutes:
         fallback = None
         if previous is not None:
             fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
-        session = self._session(request, body, fallback)
-        run = await self._create(request, agent, session, body, message, options)
-        headers = {IGNORED_HEADER: ", ".join(ignored)} if ignored else None
+        plan = await self._conversation(request, agent, body, input_earlier(body.get("input")), fallback)
+        run = await self._create_for(request, agent, plan, body, message, options)
+        self.routes.follow_conversation(run, plan, message)
+        headers = _session_headers(run, plan)
+        if ignored:
+            headers[IGNORED_HEADER] = ", ".join(ignored)
         if stream:
             encoder = ResponseStream(run, reasoning=self.reasoning, ignored=ignored)
             return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False, headers=headers)
@@ -398,6 +448,11 @@ class OpenAIRoutes:
         await self.routes.cancel_run(run.host_run_id, run.actor_id)
         run = await self.routes.wait_run(run)  # the cancel grace bounds this
         return web.json_response(self._response(run, await self._all_events(run)))
+
+
+def _session_headers(run: Run, plan: ConversationPlan) -> dict[str, str]:
+    """The session the run went to, and how it was chosen (pinned, continued, new, fresh)."""
+    return {SESSION_HEADER: run.session_id, AFFINITY_HEADER: plan.affinity}
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
