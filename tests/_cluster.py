@@ -13,8 +13,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.conftest import POSTGRES_URL
-from tests.test_cli import Served, clean_env, serve
+from tests._cli import Served, clean_env, serve
+from tests._harness import POSTGRES_URL
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 # The [cluster] secret the test instances sign their Redis messages with.

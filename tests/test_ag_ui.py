@@ -38,8 +38,7 @@ from agent_gateway.plugins.ag_ui.mapping import (
     prelude,
 )
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import MakeGateway
+from tests._harness import FAKE_ACP_AGENT, MakeGateway
 
 EVENT = TypeAdapter(AgUiEvent)
 WAIT = 60.0

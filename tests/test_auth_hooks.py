@@ -23,7 +23,6 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -34,6 +33,7 @@ from agent_gateway.mcp.wiring import run_lease
 from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from agent_gateway.tools import ToolError
+from tests._harness import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
 ISSUER = "https://login.example.test/"
 AUDIENCE = "agent-gateway"

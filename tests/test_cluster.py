@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from conftest import POSTGRES_URL, run_to_end
-from conftest import run_body as conftest_run_body
 
 from agent_gateway import Coordinator, Event, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._cli import clean_env, run_cli, serve
 from tests._cluster import (
     REDIS_URL,
     SECRET,
@@ -33,7 +32,8 @@ from tests._cluster import (
     start_redis,
     wait_for_health,
 )
-from tests.test_cli import clean_env, run_cli, serve
+from tests._harness import POSTGRES_URL, run_to_end
+from tests._harness import run_body as conftest_run_body
 
 
 async def test_three_gateways_started_at_once_on_an_empty_database_all_come_up(tmp_path: Path) -> None:
@@ -349,7 +349,7 @@ def test_without_a_cluster_section_the_gateway_is_one_instance(tmp_path: Path) -
 
 
 async def test_config_check_says_cluster_mode_needs_postgresql_and_a_redis_url(tmp_path: Path) -> None:
-    from tests.test_cli import clean_env, run_cli
+    from tests._cli import clean_env, run_cli
 
     config = tmp_path / "c.toml"
     config.write_text(f'[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nsecret = "{SECRET}"\n')
@@ -438,7 +438,7 @@ DEPLOYMENT_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "deployment
 
 
 async def test_the_deployment_guide_configuration_passes_config_check(tmp_path: Path) -> None:
-    from tests.test_cli import clean_env, run_cli
+    from tests._cli import clean_env, run_cli
 
     guide = DEPLOYMENT_GUIDE.read_text(encoding="utf-8")
     # The first TOML block is the cluster's configuration (the TLS one names a deployment's files).

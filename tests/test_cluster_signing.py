@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from agent_gateway.plugins.cluster_redis.envelope import SEEN_CAPACITY, Rejected, Verifier, seal
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._cli import clean_env, run_cli
 from tests._cluster import (
     REDIS_URL,
     SECRET,
@@ -37,7 +38,6 @@ from tests._cluster import (
     start_redis,
     wait_for_health,
 )
-from tests.test_cli import clean_env, run_cli
 
 KEY = SECRET.encode()
 WRONG_KEY = b"not-the-cluster-secret-" + b"x" * 16
