@@ -610,6 +610,23 @@ class LoopThread:
         self.loop.close()
 
 
+# -- markers ------------------------------------------------------------------------------------------
+
+# The test being set up or run (conftest's pytest_runtest_setup sets it): a helper that starts a real
+# peer checks that the test carries the `peers` marker, so `-m "not peers"` never starts one.
+current_item: pytest.Item | None = None
+
+
+def require_mark(name: str, what: str) -> None:
+    """Fail the current test unless it is marked `name` (registered in setup.cfg)."""
+    item = current_item
+    if item is not None and item.get_closest_marker(name) is None:
+        pytest.fail(
+            f"{item.nodeid} uses {what} but is not marked @pytest.mark.{name} (mark the test or its module)",
+            pytrace=False,
+        )
+
+
 POSTGRES_URL = os.environ.get("AG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 

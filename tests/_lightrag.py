@@ -25,6 +25,7 @@ from agent_gateway.app import GATEWAY_KEY
 from agent_gateway.plugins.lightrag import service_of
 from agent_gateway.plugins.lightrag.service import Where, wait_processed
 from agent_gateway.testing.fake_openai import Reply
+from tests._harness import require_mark
 
 PEERS = Path(os.environ.get("AGENT_GATEWAY_PEERS_DIR") or Path.home() / ".cache" / "agent-gateway" / "peers")
 
@@ -153,6 +154,7 @@ class LightRAG:
 
 
 def start_lightrag(base: Path, llm_url: str) -> LightRAG:
+    require_mark("peers", "the real LightRAG server")
     if not SERVER_BIN.exists():
         pytest.fail(
             f"lightrag-server not found at {SERVER_BIN}: run `contrib/peers/install.sh lightrag` "

@@ -13,10 +13,11 @@ from aiohttp.test_utils import TestClient
 
 import agent_gateway.plugins.pi_lab
 from agent_gateway.testing.fake_openai import FakeOpenAI
-from tests._harness import MakeGateway
+from tests._harness import MakeGateway, require_mark
 
 
 def pi_binary() -> str:
+    require_mark("peers", "the real Pi")
     peers = Path(os.environ.get("AGENT_GATEWAY_PEERS_DIR") or Path.home() / ".cache" / "agent-gateway" / "peers")
     path = os.environ.get("PI_BIN") or str(peers / "bin" / "pi")
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._harness import require_mark
 
 BINARIES = {"reasonix": ("REASONIX_BIN", "reasonix"), "hermes": ("HERMES_ACP_BIN", "hermes-acp")}
 
@@ -27,6 +28,7 @@ def peers_dir() -> Path:
 
 
 def agent_binary(agent: str) -> str:
+    require_mark("peers", f"the real {agent}")
     variable, name = BINARIES[agent]
     path = os.environ.get(variable) or str(peers_dir() / "bin" / name)
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+import tests._harness
 from agent_gateway.app import create_app
 from agent_gateway.config import Config
 from agent_gateway.plugin_host import PluginHost
@@ -44,6 +45,28 @@ from tests._harness import (
 )
 
 # -- agents run as another user --------------------------------------------------------------------
+
+
+# -- markers ----------------------------------------------------------------------------------------
+# Registered in setup.cfg ([tool:pytest] markers, --strict-markers). `peers` and `browser` are set
+# on the modules and tests themselves (and checked when a peer starts: tests._harness.require_mark);
+# `postgres` is also added here to every test that opens a PostgreSQL schema through a fixture.
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        on_postgres = "postgres_admin" in fixtures or (
+            callspec is not None and callspec.params.get("storage_kind") == "postgres"
+        )
+        if on_postgres and item.get_closest_marker("postgres") is None:
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    tests._harness.current_item = item
 
 
 @pytest.fixture(autouse=True)

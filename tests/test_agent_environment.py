@@ -57,6 +57,7 @@ def test_agent_environment_keeps_the_base_drops_the_rest_and_adds_the_section() 
 # -- Pi --------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("inherit", [False, True], ids=["base", "inherit_env"])
 async def test_pi_gets_the_base_environment_its_section_env_and_its_own_variables(
     make_gateway: MakeGateway, fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inherit: bool

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from agent_gateway import Coordinator, Event, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
@@ -34,6 +35,8 @@ from tests._cluster import (
 )
 from tests._harness import POSTGRES_URL, run_to_end
 from tests._harness import run_body as conftest_run_body
+
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres]
 
 
 async def test_three_gateways_started_at_once_on_an_empty_database_all_come_up(tmp_path: Path) -> None:

@@ -39,6 +39,8 @@ from tests._cluster import (
     wait_for_health,
 )
 
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres]
+
 KEY = SECRET.encode()
 WRONG_KEY = b"not-the-cluster-secret-" + b"x" * 16
 ROOT = Path(__file__).resolve().parent.parent

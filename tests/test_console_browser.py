@@ -27,6 +27,8 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import FAKE_ACP_AGENT, GatewayProcess, start_gateway_process
 from tests.test_auth_hooks import AUDIENCE, ISSUER, claims, public_pem, rsa_key, sign
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 30_000
 expect.set_options(timeout=WAIT_MS)  # every expect below waits at most this long

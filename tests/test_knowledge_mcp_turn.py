@@ -185,6 +185,7 @@ async def kb_gateway(
         await client.close()
 
 
+@pytest.mark.peers
 async def test_agent_queries_knowledge_over_mcp_and_events_carry_citations(
     kb_gateway: tuple[TestClient, McpAgentPlugin, str], rag: LightRAG
 ) -> None:

@@ -54,6 +54,8 @@ from tests._lightrag import (
     where,
 )
 
+pytestmark = pytest.mark.peers
+
 # -- the fake LLM's answers to LightRAG's prompts ----------------------------------------------------
 
 

@@ -36,6 +36,8 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import sse_events
 from tests._real_agents import agent_binary, last_user_text, message_text
 
+pytestmark = pytest.mark.peers
+
 TURN_TIMEOUT = 90.0
 NOTE = "notes/widget.md"
 NOTE_TEXT = "The blue widget ships on Friday (MCP test note 7f3a).\n"

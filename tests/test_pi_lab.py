@@ -31,6 +31,8 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import MakeGateway, gateway_of, run_to_end, sse_events
 from tests._pi_lab import _extra_plugins, body, pi_overrides, start
 
+pytestmark = pytest.mark.peers
+
 TURN_TIMEOUT = 60.0
 LONG_REPLY = Reply(text="".join(f"w{i:03d} " for i in range(400)), chunk_size=5, delay=0.05)
 

@@ -45,6 +45,8 @@ from tests._real_agents import (
     overrides,
 )
 
+pytestmark = pytest.mark.peers
+
 AGENTS = ("reasonix", "hermes")
 
 

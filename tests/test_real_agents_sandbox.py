@@ -35,9 +35,10 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import MakeGateway, gateway_of, run_to_end, sse_events
 from tests._real_agents import agent_binary, last_user_text, message_text
 
-pytestmark = pytest.mark.skipif(
-    bubblewrap.probe() is not None, reason=f"bubblewrap cannot run here: {bubblewrap.probe()}"
-)
+pytestmark = [
+    pytest.mark.peers,
+    pytest.mark.skipif(bubblewrap.probe() is not None, reason=f"bubblewrap cannot run here: {bubblewrap.probe()}"),
+]
 
 TURN_TIMEOUT = 120.0
 TOKENS = {"tok-alice-0123456789": "alice", "tok-bob-0123456789ab": "bob"}
