@@ -29,7 +29,7 @@ import pytest
 import agent_gateway.plugins.workspace.tools as workspace_tools
 from agent_gateway.paths import MAX_NAME_BYTES
 from agent_gateway.tools import ToolCall, ToolError
-from tests._tools import Harness, HarnessFactory, Recorder, sha
+from tests._tools import Harness, HarnessFactory, Recorder, h_fixture, make_harness_fixture, sha  # noqa: F401  (the fixtures `h` and `make_harness`)
 
 OUT = "{outside}"  # placeholders filled per test
 WS = "{ws}"
