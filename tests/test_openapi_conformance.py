@@ -49,7 +49,32 @@ def test_every_operation_conforms(case: schemathesis.Case) -> None:
     case.call_and_validate(headers=headers_for(case))
 
 
-def test_run_links_conform(api_schema: OpenApiSchema) -> None:
+TERMINAL_STATUSES = ("completed", "failed", "cancelled", "interrupted")
+
+
+def settle(gateway_url: str, response: Any, token: str) -> None:
+    """Wait (bounded) until the run a response names has ended (its stream closed).
+
+    Which rules the state machine can draw next depends on the statuses answered so far (each
+    link's bundle fills with the responses of its status): a run still streaming answers its
+    session's active-run with 200 and its cancel with 202, a finished one with 404 and 409. Left
+    to timing, the same choices would meet different answers, which Hypothesis reports as
+    ``FlakyStrategyDefinition``; settled, every step meets the state the choices before it made."""
+    if not 200 <= response.status_code < 300 or "json" not in response.headers.get("Content-Type", ""):
+        return
+    body = response.json()
+    run_id = body.get("hostRunId") if isinstance(body, dict) else None
+    if not isinstance(run_id, str):
+        return
+    # the stream closes after the run's terminal event
+    stream = requests.get(
+        f"{gateway_url}/v1/runs/{run_id}/stream", headers={"Authorization": f"Bearer {token}"}, timeout=WAIT
+    )
+    if stream.status_code == 200:
+        assert any(f"event: run.{status}" in stream.text for status in TERMINAL_STATUSES), stream.text[-500:]
+
+
+def test_run_links_conform(api_schema: OpenApiSchema, gateway_url: str) -> None:
     scenarios = iter(SCENARIO_TOKENS)
 
     # The run links' own operations only: protocol plugins' routes (chat completions, AG-UI) wait
@@ -62,6 +87,10 @@ def test_run_links_conform(api_schema: OpenApiSchema) -> None:
 
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
             return {"headers": headers_for(case, self.tokens)}
+
+        def after_call(self, response: Any, case: schemathesis.Case) -> None:
+            super().after_call(response, case)
+            settle(gateway_url, response, self.tokens[0])
 
     RunLinks.run(
         settings=hypothesis.settings(
