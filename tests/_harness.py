@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
@@ -40,6 +39,10 @@ from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from agent_gateway.testing.server import LoopThread as TestingLoopThread
+from agent_gateway.testing.sse import SseEvent
+from agent_gateway.testing.sse import SseParser as TestingSseParser
+from agent_gateway.testing.sse import sse_events as testing_sse_events
 
 ROOT = Path(__file__).resolve().parent.parent
 # contrib/ is never installed: the fake ACP agent runs as a script from the checkout.
@@ -243,44 +246,19 @@ class BlockingStoragePlugin:
 # -- SSE parsing and a slow raw-socket client ----------------------------------------------------------
 
 
+def as_dict(event: SseEvent) -> dict[str, Any]:
+    """The tests' shape of an SSE frame: ``{"id", "event", "data"}``."""
+    return {"id": event.id, "event": event.event, "data": event.data}
+
+
 class SseParser:
-    """Feed bytes, get ``{"id", "event", "data"}`` dicts (data JSON-decoded); comments skipped."""
+    """Feed bytes, get ``{"id", "event", "data"}`` dicts (agent_gateway.testing's SseParser)."""
 
     def __init__(self) -> None:
-        self._pending = b""
-        self._id: str | None = None
-        self._kind = "message"
-        self._data: list[str] = []
+        self._parser = TestingSseParser()
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
-        self._pending += chunk
-        out: list[dict[str, Any]] = []
-        while True:
-            line, sep, rest = self._pending.partition(b"\n")
-            if not sep:
-                return out
-            self._pending = rest
-            text = line.decode("utf-8").rstrip("\r")
-            if not text:
-                if self._data:
-                    raw = "\n".join(self._data)
-                    try:
-                        value: Any = json.loads(raw)
-                    except ValueError:
-                        value = raw
-                    out.append({"id": self._id, "event": self._kind, "data": value})
-                self._id, self._kind, self._data = None, "message", []
-                continue
-            if text.startswith(":"):
-                continue
-            name, _, value_text = text.partition(":")
-            value_text = value_text.removeprefix(" ")
-            if name == "id":
-                self._id = value_text
-            elif name == "event":
-                self._kind = value_text
-            elif name == "data":
-                self._data.append(value_text)
+        return [as_dict(event) for event in self._parser.feed(chunk)]
 
 
 class RawSseClient:
@@ -593,21 +571,17 @@ def kill_pids(pids: Sequence[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-class LoopThread:
-    """An event loop on a thread of its own, for sync (hypothesis) tests driving async code."""
+class LoopThread(TestingLoopThread):
+    """agent_gateway.testing's LoopThread, for sync (hypothesis) tests driving async code."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self.thread.start()
+        super().__init__("test-loop")
 
     def run(self, coro: Any, timeout: float = WAIT * 3) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.call(coro, timeout)
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(WAIT)
-        self.loop.close()
+        self.stop(WAIT)
 
 
 # -- markers ------------------------------------------------------------------------------------------
@@ -637,35 +611,10 @@ MakeGateway = Callable[..., Awaitable[TestClient]]
 
 
 async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Parse an SSE response into ``{"id": str | None, "event": str, "data": Any}`` dicts.
-
-    Multi-line ``data:`` fields are joined with newlines; ``data`` is JSON-decoded when it parses.
-    Comment lines (``: ping``) are skipped. Ends when the server closes the stream."""
-    event_id: str | None = None
-    kind = "message"
-    data: list[str] = []
-    async for raw in response.content:
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                text = "\n".join(data)
-                try:
-                    value: Any = json.loads(text)
-                except ValueError:
-                    value = text
-                yield {"id": event_id, "event": kind, "data": value}
-            event_id, kind, data = None, "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value_text = line.partition(":")
-        value_text = value_text.removeprefix(" ")
-        if name == "id":
-            event_id = value_text
-        elif name == "event":
-            kind = value_text
-        elif name == "data":
-            data.append(value_text)
+    """Parse an SSE response into ``{"id": str | None, "event": str, "data": Any}`` dicts
+    (agent_gateway.testing's reader: ``data`` JSON-decoded, comments skipped) until it closes."""
+    async for event in testing_sse_events(response):
+        yield as_dict(event)
 
 
 def stream_path(run_id: str, after: str | None = None) -> str:

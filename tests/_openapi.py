@@ -3,8 +3,6 @@ scenario, and the fixtures `gateway_url` and `api_schema` (its served /openapi.j
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +14,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 from agent_gateway.app import GATEWAY_KEY, create_app
 from agent_gateway.config import Config
 from agent_gateway.plugin_host import PluginHost
+from agent_gateway.testing import LoopThread
 from agent_gateway.testing.fake_openai import FakeOpenAI
 from tests._harness import WAIT
 
@@ -41,14 +40,14 @@ class GatewayThread:
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = data_dir
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
+        self.thread: LoopThread | None = None
         self.fake = FakeOpenAI()
         self.runner: web.AppRunner | None = None
         self.url = ""
 
     def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=WAIT)
+        assert self.thread is not None
+        return self.thread.call(coroutine, WAIT)
 
     async def _start(self) -> None:
         await self.fake.start()
@@ -90,7 +89,7 @@ class GatewayThread:
         await self.fake.stop()
 
     def __enter__(self) -> GatewayThread:
-        self.thread.start()
+        self.thread = LoopThread("gateway")
         self._call(self._start())
         return self
 
@@ -98,9 +97,8 @@ class GatewayThread:
         try:
             self._call(self._stop())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=WAIT)
-            self.loop.close()
+            assert self.thread is not None
+            self.thread.stop(WAIT)
 
 
 def headers_for(case: schemathesis.Case, tokens: tuple[str, str] = (RUNS_TOKEN, PREFS_TOKEN)) -> dict[str, str]:
