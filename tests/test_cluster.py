@@ -136,7 +136,10 @@ async def test_any_instance_streams_any_run_and_resumes_anywhere(tmp_path: Path,
 async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances(
     tmp_path: Path, fake_llm: FakeOpenAI
 ) -> None:
-    fake_llm.default = Reply("slow " * 40, chunk_size=2, delay=0.02)
+    # Every run's reply hangs (until the run is cancelled or the gateway stops): the session's runs
+    # stay queued behind its first however slow the machine is, so the cancel below always finds
+    # the last one queued (a reply of a few seconds could end first on a loaded machine).
+    fake_llm.default = Reply("slow", chunk_size=2, hang=True)
     extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url}
     with fresh_database() as url:
         async with instances(tmp_path, url, 3, extra=extra) as gateways, aiohttp.ClientSession() as http:
