@@ -13,8 +13,9 @@ from typing import Any
 
 import aiohttp
 
-from tests.conftest import POSTGRES_URL
-from tests.test_cli import Served, clean_env, serve
+from agent_gateway.testing.sse import sse_events
+from tests._cli import Served, clean_env, serve
+from tests._harness import POSTGRES_URL
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 # The [cluster] secret the test instances sign their Redis messages with.
@@ -114,20 +115,11 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
 
 async def sse(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None, timeout: float = 60):
     """Every event of an SSE stream until it ends: [(seq, kind, data)]."""
-    import json
-
     events = []
     async with asyncio.timeout(timeout), http.get(url, headers=headers or {}) as response:
         assert response.status == 200, await response.text()
-        seq = kind = None
-        async for raw in response.content:
-            line = raw.decode().rstrip("\r\n")
-            if line.startswith("id: "):
-                seq = int(line[4:])
-            elif line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: "):
-                events.append((seq, kind, json.loads(line[6:])))
+        async for event in sse_events(response):
+            events.append((event.seq, event.event, event.data))
     return events
 
 
@@ -137,8 +129,6 @@ async def follow(
     """A client that streams a run to its terminal event, resuming with Last-Event-ID on the next
     instance whenever a connection breaks. Returns every event it was sent and how many times it
     resumed (bounded: at most 20 resumes, `timeout` seconds in all)."""
-    import json
-
     seen: list[dict[str, Any]] = []
     resumes = 0
     async with asyncio.timeout(timeout):
@@ -149,10 +139,8 @@ async def follow(
                 async with http.get(f"{url}/v1/runs/{host_run_id}/stream", headers=headers) as response:
                     if response.status != 200:
                         raise aiohttp.ClientError(f"{response.status}")
-                    async for raw in response.content:
-                        line = raw.decode().rstrip("\r\n")
-                        if line.startswith("data: "):
-                            seen.append(json.loads(line[6:]))
+                    async for event in sse_events(response):
+                        seen.append(event.data)
             except (aiohttp.ClientError, ConnectionError):
                 pass
             if seen and seen[-1]["kind"] in TERMINAL_KINDS:

@@ -18,21 +18,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient
+
+from agent_gateway.app import GATEWAY_KEY, Gateway
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from agent_gateway.testing.server import LoopThread as TestingLoopThread
+from agent_gateway.testing.sse import SseEvent
+from agent_gateway.testing.sse import SseParser as TestingSseParser
+from agent_gateway.testing.sse import sse_events as testing_sse_events
 
 ROOT = Path(__file__).resolve().parent.parent
 # contrib/ is never installed: the fake ACP agent runs as a script from the checkout.
@@ -236,44 +246,19 @@ class BlockingStoragePlugin:
 # -- SSE parsing and a slow raw-socket client ----------------------------------------------------------
 
 
+def as_dict(event: SseEvent) -> dict[str, Any]:
+    """The tests' shape of an SSE frame: ``{"id", "event", "data"}``."""
+    return {"id": event.id, "event": event.event, "data": event.data}
+
+
 class SseParser:
-    """Feed bytes, get ``{"id", "event", "data"}`` dicts (data JSON-decoded); comments skipped."""
+    """Feed bytes, get ``{"id", "event", "data"}`` dicts (agent_gateway.testing's SseParser)."""
 
     def __init__(self) -> None:
-        self._pending = b""
-        self._id: str | None = None
-        self._kind = "message"
-        self._data: list[str] = []
+        self._parser = TestingSseParser()
 
     def feed(self, chunk: bytes) -> list[dict[str, Any]]:
-        self._pending += chunk
-        out: list[dict[str, Any]] = []
-        while True:
-            line, sep, rest = self._pending.partition(b"\n")
-            if not sep:
-                return out
-            self._pending = rest
-            text = line.decode("utf-8").rstrip("\r")
-            if not text:
-                if self._data:
-                    raw = "\n".join(self._data)
-                    try:
-                        value: Any = json.loads(raw)
-                    except ValueError:
-                        value = raw
-                    out.append({"id": self._id, "event": self._kind, "data": value})
-                self._id, self._kind, self._data = None, "message", []
-                continue
-            if text.startswith(":"):
-                continue
-            name, _, value_text = text.partition(":")
-            value_text = value_text.removeprefix(" ")
-            if name == "id":
-                self._id = value_text
-            elif name == "event":
-                self._kind = value_text
-            elif name == "data":
-                self._data.append(value_text)
+        return [as_dict(event) for event in self._parser.feed(chunk)]
 
 
 class RawSseClient:
@@ -586,18 +571,155 @@ def kill_pids(pids: Sequence[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-class LoopThread:
-    """An event loop on a thread of its own, for sync (hypothesis) tests driving async code."""
+class LoopThread(TestingLoopThread):
+    """agent_gateway.testing's LoopThread, for sync (hypothesis) tests driving async code."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="test-loop", daemon=True)
-        self.thread.start()
+        super().__init__("test-loop")
 
     def run(self, coro: Any, timeout: float = WAIT * 3) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.call(coro, timeout)
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(WAIT)
-        self.loop.close()
+        self.stop(WAIT)
+
+
+# -- markers ------------------------------------------------------------------------------------------
+
+# The test being set up or run (conftest's pytest_runtest_setup sets it): a helper that starts a real
+# peer checks that the test carries the `peers` marker, so `-m "not peers"` never starts one.
+current_item: pytest.Item | None = None
+
+
+def require_mark(name: str, what: str) -> None:
+    """Fail the current test unless it is marked `name` (registered in setup.cfg)."""
+    item = current_item
+    if item is not None and item.get_closest_marker(name) is None:
+        pytest.fail(
+            f"{item.nodeid} uses {what} but is not marked @pytest.mark.{name} (mark the test or its module)",
+            pytrace=False,
+        )
+
+
+POSTGRES_URL = os.environ.get("AG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+STORAGES = ("sqlite", "postgres")
+
+
+MakeGateway = Callable[..., Awaitable[TestClient]]
+
+
+async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """Parse an SSE response into ``{"id": str | None, "event": str, "data": Any}`` dicts
+    (agent_gateway.testing's reader: ``data`` JSON-decoded, comments skipped) until it closes."""
+    async for event in testing_sse_events(response):
+        yield as_dict(event)
+
+
+def stream_path(run_id: str, after: str | None = None) -> str:
+    return f"/v1/runs/{run_id}/stream" + (f"?afterSeq={after}" if after is not None else "")
+
+
+async def read_stream(
+    client: TestClient,
+    run_id: str,
+    *,
+    after: str | None = None,
+    last_event_id: str | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = WAIT,
+) -> list[dict[str, Any]]:
+    """Every SSE event of one stream request, until the server closes it (bounded by timeout)."""
+    all_headers = dict(headers or {})
+    if last_event_id is not None:
+        all_headers["Last-Event-ID"] = last_event_id
+    events = []
+    async with asyncio.timeout(timeout):
+        async with client.get(stream_path(run_id, after), headers=all_headers) as response:
+            assert response.status == 200, await response.text()
+            assert response.content_type == "text/event-stream"
+            async for event in sse_events(response):
+                events.append(event)
+    return events
+
+
+async def run_to_end(
+    client: TestClient,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    timeout: float = WAIT,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """POST a run, stream it until its terminal event; return (creation receipt, SSE events).
+
+    Asserts the stream ends with exactly one terminal event and closes after it."""
+    response = await client.post("/v1/runs", json=body, headers=headers or {})
+    assert response.status in (200, 201), await response.text()
+    receipt = await response.json()
+    events = await read_stream(client, receipt["hostRunId"], headers=headers, timeout=timeout)
+    assert events, "the stream closed without any event"
+    assert events[-1]["event"] in TERMINAL_KINDS, [e["event"] for e in events]
+    assert sum(e["event"] in TERMINAL_KINDS for e in events) == 1
+    return receipt, events
+
+
+async def events_page(
+    client: TestClient, run_id: str, headers: dict[str, str] | None = None, limit: int = 1000
+) -> list[dict[str, Any]]:
+    """Every event of a run through `GET /events`, following nextCursor."""
+    out: list[dict[str, Any]] = []
+    cursor = "0"
+    while True:
+        response = await client.get(
+            f"/v1/runs/{run_id}/events", params={"afterSeq": cursor, "limit": str(limit)}, headers=headers or {}
+        )
+        assert response.status == 200, await response.text()
+        page = await response.json()
+        out.extend(page["events"])
+        if not page["events"]:
+            return out
+        cursor = page["nextCursor"]
+
+
+def run_body(message: str = "hello", **fields: Any) -> dict[str, Any]:
+    """A valid chat-only run body with a fresh requestId and sessionId (override any field)."""
+    body: dict[str, Any] = {
+        "requestId": "req-" + uuid.uuid4().hex[:10],
+        "agentId": "chat-only",
+        "sessionId": "s-" + uuid.uuid4().hex[:10],
+        "workspaceId": "local:test",
+        "message": message,
+    }
+    body.update(fields)
+    return body
+
+
+def gateway_of(client: TestClient) -> Gateway:
+    return client.app[GATEWAY_KEY]  # type: ignore[index]
+
+
+def postgres_url_for_schema(schema: str) -> str:
+    """The storage URL whose connections use `schema` as their search_path."""
+    joiner = "&" if "?" in POSTGRES_URL else "?"
+    return f"{POSTGRES_URL}{joiner}options=-csearch_path%3D{schema}"
+
+
+@pytest.fixture(name="storage")
+def storage_fixture(storage_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PeeweeStorage]:
+    """An opened PeeweeStorage on SQLite or on PostgreSQL (a schema of its own, dropped after)."""
+    if storage_kind == "sqlite":
+        store = PeeweeStorage(f"sqlite:///{tmp_path / 'gateway.db'}")
+        store.open()
+        yield store
+        store.close()
+        return
+    admin = request.getfixturevalue("postgres_admin")
+    schema = f"ag_compact_{uuid.uuid4().hex[:10]}"
+    store = PeeweeStorage(POSTGRES_URL, schema=schema)
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close()
+        with admin.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

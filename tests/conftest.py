@@ -13,47 +13,60 @@ Fixtures
   same ``data_dir`` (and ``schema``) again to start a second gateway on the same data.
   Every client is closed at teardown.
 - ``storage_kind``: parametrizes a test over ``"sqlite"`` and ``"postgres"``.
-- ``gateway_of(client)``: the :class:`agent_gateway.app.Gateway` behind a test client.
 
-Helpers (plain functions, import them: ``from tests.conftest import run_to_end, sse_events``)
-- ``sse_events(response)``: async generator of ``{"id", "event", "data"}`` dicts parsed from an
-  aiohttp client response (``data`` is decoded JSON; comments / heartbeats are skipped).
-- ``run_to_end(client, body, headers=None)``: POST the run, stream it to its terminal event,
-  return ``(receipt, events)``.
-- ``read_stream(client, run_id, ...)``: collect a run's SSE events until the stream closes.
-- ``events_page(client, run_id, ...)``: every event of a run through the JSON pages.
+Helpers (plain functions) live in ``tests/_harness.py`` (``from tests._harness import run_to_end``):
+``sse_events``, ``run_to_end``, ``read_stream``, ``events_page``, ``run_body``, ``gateway_of``.
+Nothing imports this module: pytest loads it, and test modules import helper modules only
+(``tests/_*.py``, ``agent_gateway.testing``), never each other (tests/test_suite_layout.py).
 Every wait is bounded (``WAIT`` seconds unless told otherwise).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from agent_gateway.app import GATEWAY_KEY, Gateway, create_app
+import tests._harness
+from agent_gateway.app import create_app
 from agent_gateway.config import Config
-from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.testing.fake_openai import FakeOpenAI
-
-POSTGRES_URL = os.environ.get("AG_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
-STORAGES = ("sqlite", "postgres")
-# The longest any single wait in these tests may take.
-WAIT = 20.0
-
-MakeGateway = Callable[..., Awaitable[TestClient]]
-
+from tests._harness import (
+    POSTGRES_URL,
+    STORAGES,
+    MakeGateway,
+    postgres_url_for_schema,
+)
 
 # -- agents run as another user --------------------------------------------------------------------
+
+
+# -- markers ----------------------------------------------------------------------------------------
+# Registered in setup.cfg ([tool:pytest] markers, --strict-markers). `peers` and `browser` are set
+# on the modules and tests themselves (and checked when a peer starts: tests._harness.require_mark);
+# `postgres` is also added here to every test that opens a PostgreSQL schema through a fixture.
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        callspec = getattr(item, "callspec", None)
+        on_postgres = "postgres_admin" in fixtures or (
+            callspec is not None and callspec.params.get("storage_kind") == "postgres"
+        )
+        if on_postgres and item.get_closest_marker("postgres") is None:
+            item.add_marker(pytest.mark.postgres)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    tests._harness.current_item = item
 
 
 @pytest.fixture(autouse=True)
@@ -66,119 +79,6 @@ def _tmp_path_readable_by_agents(request: pytest.FixtureRequest) -> None:
 
 
 # -- SSE and run helpers ---------------------------------------------------------------------------
-
-
-async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Parse an SSE response into ``{"id": str | None, "event": str, "data": Any}`` dicts.
-
-    Multi-line ``data:`` fields are joined with newlines; ``data`` is JSON-decoded when it parses.
-    Comment lines (``: ping``) are skipped. Ends when the server closes the stream."""
-    event_id: str | None = None
-    kind = "message"
-    data: list[str] = []
-    async for raw in response.content:
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                text = "\n".join(data)
-                try:
-                    value: Any = json.loads(text)
-                except ValueError:
-                    value = text
-                yield {"id": event_id, "event": kind, "data": value}
-            event_id, kind, data = None, "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value_text = line.partition(":")
-        value_text = value_text.removeprefix(" ")
-        if name == "id":
-            event_id = value_text
-        elif name == "event":
-            kind = value_text
-        elif name == "data":
-            data.append(value_text)
-
-
-def stream_path(run_id: str, after: str | None = None) -> str:
-    return f"/v1/runs/{run_id}/stream" + (f"?afterSeq={after}" if after is not None else "")
-
-
-async def read_stream(
-    client: TestClient,
-    run_id: str,
-    *,
-    after: str | None = None,
-    last_event_id: str | None = None,
-    headers: dict[str, str] | None = None,
-    timeout: float = WAIT,
-) -> list[dict[str, Any]]:
-    """Every SSE event of one stream request, until the server closes it (bounded by timeout)."""
-    all_headers = dict(headers or {})
-    if last_event_id is not None:
-        all_headers["Last-Event-ID"] = last_event_id
-    events = []
-    async with asyncio.timeout(timeout):
-        async with client.get(stream_path(run_id, after), headers=all_headers) as response:
-            assert response.status == 200, await response.text()
-            assert response.content_type == "text/event-stream"
-            async for event in sse_events(response):
-                events.append(event)
-    return events
-
-
-async def run_to_end(
-    client: TestClient,
-    body: dict[str, Any],
-    headers: dict[str, str] | None = None,
-    timeout: float = WAIT,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """POST a run, stream it until its terminal event; return (creation receipt, SSE events).
-
-    Asserts the stream ends with exactly one terminal event and closes after it."""
-    response = await client.post("/v1/runs", json=body, headers=headers or {})
-    assert response.status in (200, 201), await response.text()
-    receipt = await response.json()
-    events = await read_stream(client, receipt["hostRunId"], headers=headers, timeout=timeout)
-    assert events, "the stream closed without any event"
-    assert events[-1]["event"] in TERMINAL_KINDS, [e["event"] for e in events]
-    assert sum(e["event"] in TERMINAL_KINDS for e in events) == 1
-    return receipt, events
-
-
-async def events_page(
-    client: TestClient, run_id: str, headers: dict[str, str] | None = None, limit: int = 1000
-) -> list[dict[str, Any]]:
-    """Every event of a run through `GET /events`, following nextCursor."""
-    out: list[dict[str, Any]] = []
-    cursor = "0"
-    while True:
-        response = await client.get(
-            f"/v1/runs/{run_id}/events", params={"afterSeq": cursor, "limit": str(limit)}, headers=headers or {}
-        )
-        assert response.status == 200, await response.text()
-        page = await response.json()
-        out.extend(page["events"])
-        if not page["events"]:
-            return out
-        cursor = page["nextCursor"]
-
-
-def run_body(message: str = "hello", **fields: Any) -> dict[str, Any]:
-    """A valid chat-only run body with a fresh requestId and sessionId (override any field)."""
-    body: dict[str, Any] = {
-        "requestId": "req-" + uuid.uuid4().hex[:10],
-        "agentId": "chat-only",
-        "sessionId": "s-" + uuid.uuid4().hex[:10],
-        "workspaceId": "local:test",
-        "message": message,
-    }
-    body.update(fields)
-    return body
-
-
-def gateway_of(client: TestClient) -> Gateway:
-    return client.app[GATEWAY_KEY]  # type: ignore[index]
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
@@ -213,12 +113,6 @@ def postgres_admin() -> Any:
     conn.autocommit = True
     yield conn
     conn.close()
-
-
-def postgres_url_for_schema(schema: str) -> str:
-    """The storage URL whose connections use `schema` as their search_path."""
-    joiner = "&" if "?" in POSTGRES_URL else "?"
-    return f"{POSTGRES_URL}{joiner}options=-csearch_path%3D{schema}"
 
 
 def _merge(base: dict[str, dict[str, Any]], extra: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -34,8 +34,7 @@ from agent_gateway.cli import cli
 from agent_gateway.config import Config, section_specs_from_hook
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugin_host import PluginError, PluginHost
-from tests._harness import FAKE_ACP_AGENT, GatewayProcess, children_of, start_gateway_process
-from tests.conftest import WAIT, sse_events
+from tests._harness import FAKE_ACP_AGENT, WAIT, GatewayProcess, children_of, sse_events, start_gateway_process
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET_NAME = "AGENT_GATEWAY_TEST_SECRET"

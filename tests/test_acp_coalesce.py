@@ -22,8 +22,7 @@ from agent_gateway.acp import client as acp_client
 from agent_gateway.acp.mapping import coalesce_updates
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
-from tests._harness import check_delivery, delta_text_of
-from tests.conftest import MakeGateway, events_page, gateway_of, run_to_end
+from tests._harness import MakeGateway, check_delivery, delta_text_of, events_page, gateway_of, run_to_end
 
 AGENT = "raw-acp"
 

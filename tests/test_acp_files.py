@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import MakeGateway
-from tests.test_acp_runtime import WORKSPACE, FakeAcpPlugin, turn
+from tests._acp import WORKSPACE, FakeAcpPlugin, turn
+from tests._harness import MakeGateway
 
 
 async def files_gateway(make_gateway: MakeGateway, tmp_path: Path) -> tuple[Any, Path]:

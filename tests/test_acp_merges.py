@@ -25,8 +25,17 @@ from aiohttp.test_utils import TestClient
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event
-from tests._harness import FAKE_ACP_AGENT, RawSseClient, check_delivery, metric, parse_prometheus
-from tests.conftest import WAIT, MakeGateway, events_page, gateway_of
+from tests._harness import (
+    FAKE_ACP_AGENT,
+    WAIT,
+    MakeGateway,
+    RawSseClient,
+    check_delivery,
+    events_page,
+    gateway_of,
+    metric,
+    parse_prometheus,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT = "flood-acp"

@@ -38,8 +38,7 @@ from agent_gateway.plugins.ag_ui.mapping import (
     prelude,
 )
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import MakeGateway
+from tests._harness import FAKE_ACP_AGENT, MakeGateway, require_mark
 
 EVENT = TypeAdapter(AgUiEvent)
 WAIT = 60.0
@@ -52,6 +51,7 @@ SCRIPTED = "agui-script"
 
 def client_dir() -> Path:
     """Where `contrib/peers/install.sh` put @ag-ui/client (AGW_AG_UI_CLIENT_DIR)."""
+    require_mark("peers", "the official @ag-ui/client")
     peers = Path(os.environ.get("AGENT_GATEWAY_PEERS_DIR") or Path.home() / ".cache" / "agent-gateway" / "peers")
     path = Path(os.environ.get("AGW_AG_UI_CLIENT_DIR") or peers / "ag-ui-client")
     if not (path / "node_modules" / "@ag-ui" / "client" / "package.json").is_file():
@@ -316,6 +316,7 @@ async def resume(client: TestClient, host_run_id: str, cursor: str | None, **que
 # -- tests ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.peers
 async def test_chat_only_run_streams_valid_ag_ui_events(make_gateway: MakeGateway, tmp_path: Path) -> None:
     client = await make_gateway()
     body = agui_input("hello there")
@@ -346,6 +347,7 @@ async def test_chat_only_run_streams_valid_ag_ui_events(make_gateway: MakeGatewa
     assert parse(raw_again) == frames
 
 
+@pytest.mark.peers
 async def test_scripted_run_maps_every_kind(make_gateway: MakeGateway, tmp_path: Path) -> None:
     client = await make_gateway(extra_plugins=(ScriptedPlugin(),))
     response, raw = await post_run(client, SCRIPTED, agui_input())
@@ -397,6 +399,7 @@ async def test_terminals_map_to_run_error_or_cancelled(make_gateway: MakeGateway
         assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "cancelled"}
 
 
+@pytest.mark.peers
 async def test_resume_cut_at_every_frame_is_valid_and_complete(make_gateway: MakeGateway, tmp_path: Path) -> None:
     plugin = ScriptedPlugin()
     client = await make_gateway(extra_plugins=(plugin,))
@@ -432,6 +435,7 @@ async def test_resume_cut_at_every_frame_is_valid_and_complete(make_gateway: Mak
     assert missing.status == 404
 
 
+@pytest.mark.peers
 async def test_resume_by_ag_ui_ids_and_live_tail(make_gateway: MakeGateway, tmp_path: Path) -> None:
     """A client that dropped mid-run resumes with its own threadId/runId and gets the live tail."""
     plugin = ScriptedPlugin()
@@ -467,6 +471,7 @@ async def test_resume_by_ag_ui_ids_and_live_tail(make_gateway: MakeGateway, tmp_
     assert await js_verify(tmp_path, [events]) == ["ok"]
 
 
+@pytest.mark.peers
 async def test_http_agent_consumes_a_chat_only_run(make_gateway: MakeGateway, tmp_path: Path) -> None:
     client = await make_gateway()
     body = agui_input("from the JS client")
@@ -478,6 +483,7 @@ async def test_http_agent_consumes_a_chat_only_run(make_gateway: MakeGateway, tm
     assert assistant and "from the JS client" in assistant[-1]["content"]
 
 
+@pytest.mark.peers
 async def test_http_agent_consumes_a_fake_acp_agent_run(make_gateway: MakeGateway, tmp_path: Path) -> None:
     """The fake ACP agent: a thought then the echo (basic); a tool call behind a permission that the
     test answers through the respondUrl the CUSTOM event carries (permission)."""
@@ -516,6 +522,7 @@ async def test_http_agent_consumes_a_fake_acp_agent_run(make_gateway: MakeGatewa
     assert any("permission: allow_once" in (m.get("content") or "") for m in result["messages"])
 
 
+@pytest.mark.peers
 async def test_http_agent_resumes_mid_message_and_ends_with_the_whole_answer(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:

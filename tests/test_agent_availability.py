@@ -20,8 +20,7 @@ from aiohttp.test_utils import TestClient
 
 from agent_gateway import TurnOutcome, hookimpl
 from agent_gateway.runtime import RuntimePolicy, Turn
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok-availability"

@@ -27,8 +27,8 @@ from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugins.pi_lab.runtime import Binding as PiBinding
 from agent_gateway.plugins.pi_lab.runtime import BindingKey as PiBindingKey
 from agent_gateway.plugins.pi_lab.runtime import PiRuntime, PiSettings
-from tests.conftest import WAIT, MakeGateway, gateway_of, sse_events
-from tests.test_acp_runtime import FakeAcpPlugin
+from tests._acp import FakeAcpPlugin
+from tests._harness import WAIT, MakeGateway, gateway_of, sse_events
 
 AGENT = "fake-acp"
 TOKENS = {"tok-alice-0123456789": "alice", "tok-bob-0123456789ab": "bob"}

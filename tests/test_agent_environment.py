@@ -19,7 +19,7 @@ import pytest
 from agent_gateway import agent_environment
 from agent_gateway.plugins.pi_lab.runtime import PiRuntime
 from agent_gateway.testing.fake_openai import FakeOpenAI
-from tests.conftest import MakeGateway, gateway_of, run_to_end
+from tests._harness import MakeGateway, gateway_of, run_to_end
 
 SECRET_NAME = "AGENT_GATEWAY_TEST_SECRET"
 SECRET = "s3cret-" + uuid.uuid4().hex
@@ -57,12 +57,13 @@ def test_agent_environment_keeps_the_base_drops_the_rest_and_adds_the_section() 
 # -- Pi --------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.peers
 @pytest.mark.parametrize("inherit", [False, True], ids=["base", "inherit_env"])
 async def test_pi_gets_the_base_environment_its_section_env_and_its_own_variables(
     make_gateway: MakeGateway, fake_llm: FakeOpenAI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inherit: bool
 ) -> None:
-    from tests.test_pi_lab import body as pi_body
-    from tests.test_pi_lab import start as start_pi
+    from tests._pi_lab import body as pi_body
+    from tests._pi_lab import start as start_pi
 
     monkeypatch.setenv(SECRET_NAME, SECRET)  # the gateway's environment (it runs in this process)
     home = tmp_path / "pi-home"

@@ -37,8 +37,7 @@ from agent_gateway.agent_receipts import (
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.models import Event, Run
 from agent_gateway.plugins.pi_lab.mapping import EventMapper
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_to_end
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, gateway_of, run_to_end
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 AGENT = "fake-native"

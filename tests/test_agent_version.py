@@ -22,8 +22,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 import agent_gateway.acp.runtime as acp_runtime
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, run_to_end
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, run_to_end
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # A descriptor that waited on the probe would take the probe's whole timeout (raised to WAIT here).

@@ -23,7 +23,6 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -34,9 +33,9 @@ from agent_gateway.mcp.wiring import run_lease
 from agent_gateway.plugin_host import PluginError, PluginHost
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from agent_gateway.tools import ToolError
+from tests._auth import AUDIENCE, ISSUER, claims, public_pem, rsa_key, sign
+from tests._harness import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
-ISSUER = "https://login.example.test/"
-AUDIENCE = "agent-gateway"
 ALICE_TOKEN = "tok-static-alice-0123456789"
 
 
@@ -307,27 +306,9 @@ async def test_a_workspaces_claim_restricts_workspaces_like_owners(make_gateway:
 # -- the JWT plugin ----------------------------------------------------------------------------------
 
 
-def rsa_key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-
 def public_jwk(key: rsa.RSAPrivateKey, kid: str) -> dict[str, Any]:
     jwk: dict[str, Any] = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
     return {**jwk, "kid": kid, "use": "sig", "alg": "RS256"}
-
-
-def public_pem(key: rsa.RSAPrivateKey) -> bytes:
-    return key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-def claims(sub: str, **extra: Any) -> dict[str, Any]:
-    now = int(time.time())
-    return {"sub": sub, "iss": ISSUER, "aud": AUDIENCE, "iat": now, "exp": now + 600, **extra}
-
-
-def sign(key: rsa.RSAPrivateKey, kid: str | None, **payload: Any) -> str:
-    headers = {"kid": kid} if kid is not None else None
-    return jwt.encode(payload, key, algorithm="RS256", headers=headers)
 
 
 def b64(data: bytes) -> str:

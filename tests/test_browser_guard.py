@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import WAIT, MakeGateway, read_stream, run_body
+from tests._harness import WAIT, MakeGateway, read_stream, run_body
 
 EVIL = "http://evil.example"
 TOKENS = {"tok-alice-0123456789": "alice"}

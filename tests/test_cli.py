@@ -10,17 +10,10 @@ synchronise.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import json
-import os
 import re
 import shlex
-import shutil
-import signal
 import socket
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,114 +24,7 @@ from aiohttp.test_utils import TestServer
 
 from agent_gateway.cli import DEMO_REPLY, _tail
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-
-WAIT = 30.0
-LISTENING = re.compile(r"^agent-gateway listening on (https?://(\S+):(\d+))$")
-
-
-def agent_gateway() -> str:
-    """The installed console script (next to the interpreter, or on PATH)."""
-    beside = Path(sys.executable).with_name("agent-gateway")
-    found = str(beside) if beside.exists() else shutil.which("agent-gateway")
-    assert found, "the agent-gateway console script is not installed (pip install -e .)"
-    return found
-
-
-def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """The test process's environment without gateway or OpenAI settings, data under tmp_path."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AGENT_GATEWAY", "OPENAI_")) and k != "PYTHONUNBUFFERED"
-    }
-    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
-    env.update(extra)
-    return env
-
-
-async def run_cli(*args: str, env: dict[str, str], cwd: Path, timeout: float = WAIT) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        agent_gateway(),
-        *args,
-        env=env,
-        cwd=cwd,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    return proc.returncode or 0, out.decode(), err.decode()
-
-
-class Served:
-    """A running `agent-gateway serve` subprocess."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, stderr_path: Path) -> None:
-        self.proc = proc
-        self.stderr_path = stderr_path
-        self.lines: list[str] = []
-        self.url = ""
-        self.host = ""
-        self.port = 0
-
-    async def readline(self, timeout: float = WAIT) -> str:
-        assert self.proc.stdout is not None
-        raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        if not raw:
-            raise AssertionError(f"serve exited early; stdout: {self.lines}; stderr: {self.stderr()}")
-        line = raw.decode().rstrip("\n")
-        self.lines.append(line)
-        return line
-
-    async def read_until(self, needle: str, timeout: float = WAIT) -> list[str]:
-        """Lines up to and including the first one containing `needle` (bounded in time)."""
-        start = len(self.lines)
-        async with asyncio.timeout(timeout):
-            while needle not in await self.readline(timeout):
-                pass
-        return self.lines[start:]
-
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""
-
-    async def terminate(self, timeout: float = WAIT) -> int:
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(self.proc.wait(), timeout)
-        except TimeoutError:
-            self.proc.kill()
-            await self.proc.wait()
-            raise AssertionError(f"serve did not stop on SIGTERM; stderr: {self.stderr()}") from None
-
-
-_serve_ids = itertools.count()
-
-
-@contextlib.asynccontextmanager
-async def serve(*args: str, env: dict[str, str], cwd: Path) -> AsyncIterator[Served]:
-    """Start `agent-gateway serve ARGS`, wait for its listening line; SIGTERM it on exit."""
-    stderr_path = cwd / f"serve-{next(_serve_ids)}.err"
-    with stderr_path.open("wb") as stderr:
-        proc = await asyncio.create_subprocess_exec(
-            agent_gateway(), "serve", *args, env=env, cwd=cwd, stdout=asyncio.subprocess.PIPE, stderr=stderr
-        )
-    served = Served(proc, stderr_path)
-    try:
-        for line in await served.read_until("agent-gateway listening on"):
-            match = LISTENING.match(line)
-            if match:
-                served.url, served.host, served.port = match[1], match[2], int(match[3])
-        assert served.url, served.lines
-        yield served
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(AssertionError):
-                await served.terminate()
+from tests._cli import WAIT, clean_env, run_cli, serve
 
 
 async def get_json(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from conftest import POSTGRES_URL, run_to_end
-from conftest import run_body as conftest_run_body
+import pytest
 
 from agent_gateway import Coordinator, Event, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._cli import clean_env, run_cli, serve
 from tests._cluster import (
     REDIS_URL,
     SECRET,
@@ -33,7 +33,10 @@ from tests._cluster import (
     start_redis,
     wait_for_health,
 )
-from tests.test_cli import clean_env, run_cli, serve
+from tests._harness import POSTGRES_URL, run_to_end
+from tests._harness import run_body as conftest_run_body
+
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres]
 
 
 async def test_three_gateways_started_at_once_on_an_empty_database_all_come_up(tmp_path: Path) -> None:
@@ -133,7 +136,10 @@ async def test_any_instance_streams_any_run_and_resumes_anywhere(tmp_path: Path,
 async def test_a_session_has_one_owner_and_a_request_id_one_run_across_instances(
     tmp_path: Path, fake_llm: FakeOpenAI
 ) -> None:
-    fake_llm.default = Reply("slow " * 40, chunk_size=2, delay=0.02)
+    # Every run's reply hangs (until the run is cancelled or the gateway stops): the session's runs
+    # stay queued behind its first however slow the machine is, so the cancel below always finds
+    # the last one queued (a reply of a few seconds could end first on a loaded machine).
+    fake_llm.default = Reply("slow", chunk_size=2, hang=True)
     extra = {"AGENT_GATEWAY__CHAT_ONLY__BASE_URL": fake_llm.base_url}
     with fresh_database() as url:
         async with instances(tmp_path, url, 3, extra=extra) as gateways, aiohttp.ClientSession() as http:
@@ -349,7 +355,7 @@ def test_without_a_cluster_section_the_gateway_is_one_instance(tmp_path: Path) -
 
 
 async def test_config_check_says_cluster_mode_needs_postgresql_and_a_redis_url(tmp_path: Path) -> None:
-    from tests.test_cli import clean_env, run_cli
+    from tests._cli import clean_env, run_cli
 
     config = tmp_path / "c.toml"
     config.write_text(f'[cluster]\nredis_url = "redis://127.0.0.1:6379/0"\nsecret = "{SECRET}"\n')
@@ -438,7 +444,7 @@ DEPLOYMENT_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "deployment
 
 
 async def test_the_deployment_guide_configuration_passes_config_check(tmp_path: Path) -> None:
-    from tests.test_cli import clean_env, run_cli
+    from tests._cli import clean_env, run_cli
 
     guide = DEPLOYMENT_GUIDE.read_text(encoding="utf-8")
     # The first TOML block is the cluster's configuration (the TLS one names a deployment's files).

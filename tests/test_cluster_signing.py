@@ -25,6 +25,8 @@ import redis.asyncio as aioredis
 
 from agent_gateway.plugins.cluster_redis.envelope import SEEN_CAPACITY, Rejected, Verifier, seal
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from agent_gateway.testing.sse import sse_events
+from tests._cli import clean_env, run_cli
 from tests._cluster import (
     REDIS_URL,
     SECRET,
@@ -37,7 +39,8 @@ from tests._cluster import (
     start_redis,
     wait_for_health,
 )
-from tests.test_cli import clean_env, run_cli
+
+pytestmark = [pytest.mark.cluster, pytest.mark.postgres]
 
 KEY = SECRET.encode()
 WRONG_KEY = b"not-the-cluster-secret-" + b"x" * 16
@@ -226,12 +229,10 @@ class LiveStream:
         try:
             async with self.http.get(self.url) as response:
                 assert response.status == 200, await response.text()
-                async for raw in response.content:
-                    line = raw.decode().rstrip("\r\n")
-                    if line.startswith("data: "):
-                        async with self._arrived:
-                            self.events.append(json.loads(line[6:]))
-                            self._arrived.notify_all()
+                async for event in sse_events(response):
+                    async with self._arrived:
+                        self.events.append(event.data)
+                        self._arrived.notify_all()
         finally:
             self.ended = True
             async with self._arrived:

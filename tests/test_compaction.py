@@ -5,41 +5,26 @@ from ANY seq a client could hold returns exactly what followed it, ``afterSeq`` 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_gateway import Event, Run
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import POSTGRES_URL, MakeGateway, events_page, gateway_of, read_stream, run_body, run_to_end
+from tests._harness import (
+    MakeGateway,
+    events_page,
+    gateway_of,
+    read_stream,
+    run_body,
+    run_to_end,
+    storage_fixture,  # noqa: F401  (fixtures)
+)
 
 DELTAS = ("message.delta", "thought.delta")
-
-
-@pytest.fixture
-def storage(storage_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[PeeweeStorage]:
-    """An opened PeeweeStorage on SQLite or on PostgreSQL (a schema of its own, dropped after)."""
-    if storage_kind == "sqlite":
-        store = PeeweeStorage(f"sqlite:///{tmp_path / 'gateway.db'}")
-        store.open()
-        yield store
-        store.close()
-        return
-    admin = request.getfixturevalue("postgres_admin")
-    schema = f"ag_compact_{uuid.uuid4().hex[:10]}"
-    store = PeeweeStorage(POSTGRES_URL, schema=schema)
-    store.open()
-    try:
-        yield store
-    finally:
-        store.close()
-        with admin.cursor() as cur:
-            cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def new_run(storage: PeeweeStorage, status: str = "completed") -> str:

@@ -14,15 +14,14 @@ import re
 import shutil
 import sys
 import tomllib
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from agent_gateway.cli import cli
-from agent_gateway.config import CORE_SECTIONS, Config, ConfigError, SectionSpec, section_specs_from_hook
-from agent_gateway.plugin_host import LOAD_ENV, PluginHost
+from agent_gateway.config import CORE_SECTIONS, Config, ConfigError, SectionSpec
+from tests._config import builtin_specs, load, write
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TOML = ROOT / "config" / "default.toml"
@@ -30,30 +29,6 @@ EXAMPLES = sorted((ROOT / "config" / "examples").glob("*.toml"))
 # `file: section.key: problem` (or `file: section: problem` for a whole section).
 PROBLEM = re.compile(r"^(?P<file>[^:]+): (?P<key>[a-z0-9_]+(\.[^:\s]+)*): (?P<problem>\S.*)$")
 TOKEN = "0123456789abcdef-token"
-
-
-def builtin_plugin_names() -> str:
-    """Entry points shipped by agent-gateway itself (not third-party plugins that may be installed)."""
-    return ",".join(
-        ep.name
-        for ep in metadata.entry_points(group="agent_gateway")
-        if ep.dist is not None and ep.dist.name == "agent-gateway"
-    )
-
-
-def builtin_specs() -> list[SectionSpec]:
-    host = PluginHost.load(env={LOAD_ENV: builtin_plugin_names()})
-    return section_specs_from_hook(host.config_sections())
-
-
-def load(path: Path | None = None, env: dict[str, str] | None = None) -> Config:
-    return Config.load(path, builtin_specs(), env=env or {})
-
-
-def write(tmp_path: Path, text: str, name: str = "gateway.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 @pytest.fixture(autouse=True)

@@ -24,16 +24,9 @@ from typing import Any
 import aiohttp
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.test_cli import LISTENING, Served, agent_gateway, clean_env, serve
+from tests._cli import LISTENING, Served, agent_gateway, clean_env, serve, write_config
 
 WAIT = 20.0
-
-
-def write_config(tmp_path: Path, gateway: dict[str, Any], extra: str = "") -> Path:
-    lines = ["[gateway]"] + [f"{key} = {json.dumps(value)}" for key, value in gateway.items()]
-    path = tmp_path / "gateway.toml"
-    path.write_text("\n".join(lines) + "\n" + extra)
-    return path
 
 
 @contextlib.asynccontextmanager

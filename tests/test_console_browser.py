@@ -24,8 +24,10 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from agent_gateway import Turn, TurnOutcome, hookimpl
 from agent_gateway.runtime import RuntimePolicy
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._auth import AUDIENCE, ISSUER, claims, public_pem, rsa_key, sign
 from tests._harness import FAKE_ACP_AGENT, GatewayProcess, start_gateway_process
-from tests.test_auth_hooks import AUDIENCE, ISSUER, claims, public_pem, rsa_key, sign
+
+pytestmark = pytest.mark.browser
 
 CHROMIUM = "/usr/bin/chromium"
 WAIT_MS = 30_000

@@ -46,9 +46,9 @@ from tests._harness import (
     children_of,
     kill_pids,
     processes_tagged,
+    sse_events,
     start_gateway_process,
 )
-from tests.conftest import sse_events
 
 SEED = int(os.environ.get("AG_CRASH_SEED", "6"))
 CYCLES = 4

@@ -19,11 +19,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from _harness import GatewayProcess, start_gateway_process
-from conftest import sse_events
 
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._harness import GatewayProcess, sse_events, start_gateway_process
 
 WAIT = 20.0
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
-from conftest import WAIT, MakeGateway, gateway_of, run_body, sse_events
 
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._harness import WAIT, MakeGateway, gateway_of, run_body, sse_events
 
 SSE = {"Accept": "text/event-stream"}
 

@@ -37,8 +37,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import sse_events
-from test_cli import clean_env, run_cli, serve
+
+from tests._cli import clean_env, run_cli, serve
+from tests._harness import sse_events
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "contrib" / "example-runtime-plugin"

@@ -28,9 +28,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from _harness import metric, parse_prometheus
 from aiohttp import web
-from conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
 from agent_gateway.config import Config
 from agent_gateway.models import TERMINAL_KINDS
@@ -38,6 +36,7 @@ from agent_gateway.plugins.chat_only import runtime as chat_only_runtime
 from agent_gateway.server import fairness
 from agent_gateway.server.http_server import GatewayRunner, GuardedTCPSite
 from agent_gateway.server.loop_monitor import BUCKETS, LoopLagMonitor
+from tests._harness import WAIT, MakeGateway, gateway_of, metric, parse_prometheus, run_body, run_to_end
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'

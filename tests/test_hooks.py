@@ -9,6 +9,7 @@ nor `negotiate_runtime_policy` yet; those are tested through the facade methods 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import os
@@ -22,17 +23,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
-from conftest import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
-from test_auth_hooks import (  # aliased: pytest runs them in test_auth_hooks.py only
-    test_authenticate_a_plugins_actor_wins_and_static_tokens_are_tried_last as authenticate_hook_test,
-)
-from test_auth_hooks import (
-    test_authentication_enabled_decides_whether_callers_must_authenticate as authentication_enabled_hook_test,
-)
-from test_auth_hooks import test_authorize_any_false_denies_with_403_and_none_abstains as authorize_hook_test
-from test_cluster import (  # aliased: pytest runs it in test_cluster.py only
-    test_cluster_coordinator_hook_a_plugin_coordinator_sees_every_committed_event as cluster_coordinator_hook_test,
-)
 
 import agent_gateway.builtin
 import agent_gateway.cli
@@ -46,6 +36,7 @@ from agent_gateway.plugin_host import LOAD_ENV, TRACE_ENV, PluginError, PluginHo
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.runtime import RuntimePolicy, SessionPlan, Turn, TurnOutcome
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._harness import events_page, gateway_of, read_stream, run_body, run_to_end, sse_events
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN_NAMES = {"core", "journal_peewee", "chat_only"}
@@ -769,7 +760,10 @@ async def test_register_setting_fields_appear_in_descriptors_and_validate_prefer
     assert values["ai.agent.chat-only.tone"] == "formal"
 
 
-HOOKS_TESTED = {
+# Hooks tested in another module are named by node id (a test module never imports another).
+IN_TEST_AUTH_HOOKS = "test_auth_hooks.py::"
+IN_TEST_CLUSTER = "test_cluster.py::"
+HOOKS_TESTED: dict[str, Callable[..., Any] | str] = {
     "register_runtimes": test_register_runtimes_agent_is_listed_and_runs_a_turn,
     "negotiate_runtime_policy": test_negotiate_runtime_policy_every_implementation_adjusts_the_policy,
     "sandbox_agent": test_sandbox_agent_first_plugin_confines_and_the_builtin_is_trylast,
@@ -784,17 +778,25 @@ HOOKS_TESTED = {
     "gateway_startup": test_gateway_startup_and_shutdown_are_awaited,
     "gateway_shutdown": test_gateway_startup_and_shutdown_are_awaited,
     "register_routes": test_register_routes_serves_a_plugin_route_behind_actor_auth,
-    "cluster_coordinator": cluster_coordinator_hook_test,
+    "cluster_coordinator": IN_TEST_CLUSTER
+    + "test_cluster_coordinator_hook_a_plugin_coordinator_sees_every_committed_event",
     "register_setting_fields": test_register_setting_fields_appear_in_descriptors_and_validate_preferences,
-    "authenticate": authenticate_hook_test,
-    "authentication_enabled": authentication_enabled_hook_test,
-    "authorize": authorize_hook_test,
+    "authenticate": IN_TEST_AUTH_HOOKS + "test_authenticate_a_plugins_actor_wins_and_static_tokens_are_tried_last",
+    "authentication_enabled": IN_TEST_AUTH_HOOKS
+    + "test_authentication_enabled_decides_whether_callers_must_authenticate",
+    "authorize": IN_TEST_AUTH_HOOKS + "test_authorize_any_false_denies_with_403_and_none_abstains",
     "trace_run": test_trace_run_follows_a_run_from_its_receipt_to_its_end,
 }
 
 
 def test_every_hook_has_a_test_and_a_docstring() -> None:
     assert set(HOOKS_TESTED) == all_hook_names()
+    for test in HOOKS_TESTED.values():
+        if isinstance(test, str):
+            filename, _, name = test.partition("::")
+            tree = ast.parse((ROOT / "tests" / filename).read_text(encoding="utf-8"))
+            defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+            assert name in defined, f"{test} is not a test in tests/{filename}"
     for module in SPEC_MODULES:
         for name in all_hook_names() & set(vars(module)):
             assert (getattr(module, name).__doc__ or "").strip(), f"{name} has no docstring"

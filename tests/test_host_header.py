@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_body
+from tests._harness import run_body
 
 TOKEN = "tok-host-0123456789ab"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MakeGateway, run_body, run_to_end
+from tests._harness import MakeGateway, run_body, run_to_end
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 

@@ -25,18 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_tools import (  # the fixtures `make_harness` and `h` come with their functions
-    Harness,
-    HarnessFactory,
-    Recorder,
-    h_fixture,  # noqa: F401
-    make_harness_fixture,  # noqa: F401
-    sha,
-)
 
 import agent_gateway.plugins.workspace.tools as workspace_tools
 from agent_gateway.paths import MAX_NAME_BYTES
 from agent_gateway.tools import ToolCall, ToolError
+from tests._tools import Harness, HarnessFactory, Recorder, h_fixture, make_harness_fixture, sha  # noqa: F401  (the fixtures `h` and `make_harness`)
 
 OUT = "{outside}"  # placeholders filled per test
 WS = "{ws}"

@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.conftest import WAIT
-from tests.test_cli import Served, clean_env, serve
+from tests._cli import Served, clean_env, serve
+from tests._harness import WAIT
 
 
 @pytest.fixture

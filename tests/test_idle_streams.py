@@ -27,7 +27,7 @@ from agent_gateway.bus import Wakeup
 from agent_gateway.models import Event
 from agent_gateway.storage import StorageUnavailable
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import MakeGateway, gateway_of
+from tests._harness import MakeGateway, gateway_of
 
 WAIT = 20.0
 HEARTBEAT = 0.2

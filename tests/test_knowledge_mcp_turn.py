@@ -21,8 +21,6 @@ Both over stdio and HTTP. No sleeps: every wait is a bounded wait for the run to
 from __future__ import annotations
 
 import json
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -32,17 +30,14 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import agent_gateway.testing.fake_openai.server as fake_server
-from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
-from agent_gateway.app import GATEWAY_KEY, Gateway
+from agent_gateway.app import GATEWAY_KEY
 from agent_gateway.config import Config
-from agent_gateway.hookspecs import hookimpl
 from agent_gateway.mcp import MCP_PATH, TOKEN_ENV
-from agent_gateway.runtime import RuntimePolicy, Turn
 from agent_gateway.testing.fake_openai import FakeOpenAI
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import MakeGateway, run_to_end
-from tests.test_descriptors import build_app, plugin_host
-from tests.test_lightrag import (
+from tests._descriptors import build_app, plugin_host
+from tests._harness import MakeGateway, run_to_end
+from tests._knowledge_mcp import AGENT, McpAgentPlugin, serve
+from tests._lightrag import (
     API_KEY,
     EMBEDDING_DIM,
     OTHER_WIDGET,
@@ -58,9 +53,6 @@ from tests.test_lightrag import (
     start_lightrag,
 )
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-AGENT = "fake-mcp"
-PROVIDER = "fake-acp"
 TRANSPORTS = ("stdio", "http")
 QUERY = "Compare the Acme Widget and the striped zebra"
 INDEXED = {"notes/widget.md", "research/zebra.md"}
@@ -68,52 +60,6 @@ NOTE_TEXT = "MCP note 5c1e: the gadget ships on Tuesday.\n"
 
 
 # -- the agent ----------------------------------------------------------------------------------------
-
-
-class McpAgentPlugin:
-    """Registers an AcpRuntime around the fake agent's ``mcp`` behaviour and records the
-    ``mcpServers`` entries the gateway gives it."""
-
-    def __init__(self, transport: str) -> None:
-        self.transport = transport
-        self.runtime: AcpRuntime | None = None
-        self.entries: list[dict[str, Any]] = []
-
-    @hookimpl
-    def register_runtimes(self, register: Any, config: Any) -> None:
-        command = [sys.executable, FAKE_ACP_AGENT, "--behaviour", "mcp"]
-        if self.transport == "http":
-            command.append("--mcp-http")
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        self.runtime = AcpRuntime(AcpAgentSpec(AGENT, "Fake MCP agent", PROVIDER, command, env=env))
-        register(self.runtime)
-
-    @hookimpl
-    def session_strategy(self, runtime: Any, config: Any) -> Any:
-        return AcpSessionStrategy() if runtime is self.runtime and runtime is not None else None
-
-    def record(self, gateway: Gateway) -> None:
-        """Wrap the gateway's provider of mcpServers entries to keep what it gives."""
-        provide = gateway.turn_services.mcp_servers_for
-        assert provide is not None
-
-        def recording(turn: Turn, policy: RuntimePolicy, base_url: str | None = None) -> list[dict[str, Any]]:
-            # base_url: where a confined agent reaches the gateway from inside its sandbox.
-            entries = provide(turn, policy, base_url=base_url)
-            self.entries.extend(entries)
-            return entries
-
-        gateway.turn_services.mcp_servers_for = recording
-
-
-async def serve(client: TestClient, plugin: McpAgentPlugin) -> TestClient:
-    """Start ``client`` and give the gateway its own URL (what agents' MCP clients call back)."""
-    if client.server.runner is None:
-        await client.start_server()
-    gateway = client.app[GATEWAY_KEY]
-    gateway.set_public_url(str(client.make_url("")))
-    plugin.record(gateway)
-    return client
 
 
 def body(message: str, session: str) -> dict[str, Any]:
@@ -238,6 +184,7 @@ async def kb_gateway(
         await client.close()
 
 
+@pytest.mark.peers
 async def test_agent_queries_knowledge_over_mcp_and_events_carry_citations(
     kb_gateway: tuple[TestClient, McpAgentPlugin, str], rag: LightRAG
 ) -> None:

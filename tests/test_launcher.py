@@ -17,10 +17,9 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from test_cli import clean_env, run_cli, serve
 
 from agent_gateway.plugin_host import LOAD_ENV, PluginError, PluginHost
-from tests.test_packaging import BUILT_INS  # every plugin the distribution declares
+from tests._cli import BUILT_INS, clean_env, run_cli, serve
 
 ECHO_PLUGIN = """
 from agent_gateway import hookimpl

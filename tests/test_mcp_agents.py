@@ -30,8 +30,10 @@ from agent_gateway.mcp import MCP_PATH
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import sse_events
-from tests.test_real_agents import agent_binary, last_user_text, message_text
+from tests._harness import sse_events
+from tests._real_agents import agent_binary, last_user_text, message_text
+
+pytestmark = pytest.mark.peers
 
 TURN_TIMEOUT = 90.0
 NOTE = "notes/widget.md"

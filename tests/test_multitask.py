@@ -32,8 +32,8 @@ from aiohttp.test_utils import TestClient
 
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_body, sse_events
-from tests.test_acp_runtime import FakeAcpPlugin
+from tests._acp import FakeAcpPlugin
+from tests._harness import WAIT, MakeGateway, gateway_of, require_mark, run_body, sse_events
 
 ACP = "fake-acp"
 HOLD = "hold until cancelled"
@@ -369,6 +369,7 @@ async def test_acp_interrupt_keeps_the_turn_in_the_agents_session_and_rollback_i
 
 
 def hermes_binary() -> str:
+    require_mark("peers", "the real Hermes")
     peers = Path(os.environ.get("AGENT_GATEWAY_PEERS_DIR") or Path.home() / ".cache" / "agent-gateway" / "peers")
     path = os.environ.get("HERMES_ACP_BIN") or str(peers / "bin" / "hermes-acp")
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
@@ -376,11 +377,12 @@ def hermes_binary() -> str:
     return path
 
 
+@pytest.mark.peers
 async def test_hermes_interrupt_mid_stream_then_continue_knows_the_interrupted_turn(
     tmp_path: Path, fake_llm: FakeOpenAI, make_gateway: MakeGateway
 ) -> None:
     hermes_binary()
-    from tests.test_real_agents import LONG_REPLY, TURN_TIMEOUT, Llm, conversation, overrides
+    from tests._real_agents import LONG_REPLY, TURN_TIMEOUT, Llm, conversation, overrides
 
     llm = Llm(fake_llm)
     llm.answers["Write a very long list of words."] = LONG_REPLY

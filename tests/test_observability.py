@@ -24,13 +24,18 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import (
     FAKE_ACP_AGENT,
     ROOT,
+    WAIT,
+    MakeGateway,
     ScriptPlugin,
+    gateway_of,
     metric,
     parse_prometheus,
+    run_body,
+    run_to_end,
     script_body,
+    sse_events,
     start_gateway_process,
 )
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end, sse_events
 
 ACP_AGENT = "fake-acp"
 

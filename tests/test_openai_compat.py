@@ -23,8 +23,7 @@ from aiohttp.test_utils import TestClient
 
 from agent_gateway import AcpAgentSpec, AcpRuntime, hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, gateway_of
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, gateway_of
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok-openai-alice"
@@ -543,7 +542,8 @@ async def test_the_core_error_shape_is_unchanged_elsewhere(gateway: TestClient) 
 async def test_tool_activity_is_summarised_without_paths_or_receipts(make_gateway: MakeGateway, tmp_path: Path) -> None:
     """An ACP agent calls a gateway tool over MCP: chat chunks and Responses items name the tool
     and its status, and carry none of its arguments, results, receipt ids or paths."""
-    from tests.test_knowledge_mcp_turn import WORKSPACE, McpAgentPlugin, serve
+    from tests._knowledge_mcp import McpAgentPlugin, serve
+    from tests._lightrag import WORKSPACE
 
     ws = tmp_path / "ws"
     (ws / "notes").mkdir(parents=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 from aiohttp.test_utils import TestClient
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import WAIT, MakeGateway
+from tests._harness import WAIT, MakeGateway
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "openai-compatible.md"
 DOC_URL = "http://127.0.0.1:8787/v1"

@@ -13,14 +13,10 @@ from typing import Any
 import requests
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from tests import test_openapi_conformance as conformance
-from tests.conftest import WAIT
+from tests._harness import WAIT
 
 # The conformance test's fixtures: its gateway thread, its served schema, its Schemathesis fix-up.
-gateway_url = conformance.gateway_url
-api_schema = conformance.api_schema
-_node_id_for_schemathesis = conformance._node_id_for_schemathesis
-RUNS_TOKEN = conformance.RUNS_TOKEN
+from tests._openapi import RUNS_TOKEN, _node_id_for_schemathesis, api_schema_fixture, gateway_url_fixture  # noqa: F401  (fixtures)
 
 HEADERS = {"Authorization": f"Bearer {RUNS_TOKEN}"}
 

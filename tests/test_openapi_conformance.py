@@ -17,147 +17,28 @@ one); here they are only checked for being documented.
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import hypothesis
 import pytest
 import requests
 import schemathesis
-from aiohttp import web
-from conftest import WAIT, run_body, run_to_end
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
-from agent_gateway.app import GATEWAY_KEY, create_app
-from agent_gateway.config import Config
-from agent_gateway.plugin_host import PluginHost
 from agent_gateway.routes.console import CONSOLE_ROUTES
-from agent_gateway.testing.fake_openai import FakeOpenAI
-
-RUNS_TOKEN = "tok-conformance-runs"
-WEBHOOK_SECRET = "whsec_" + "A" * 32
-PREFS_TOKEN = "tok-conformance-prefs"
-# Each stateful scenario runs as actors of its own: a scenario replayed by Hypothesis then meets the
-# same (empty) state, not the runs and idempotency keys an earlier scenario left behind.
-SCENARIO_ACTORS = 200
-SCENARIO_TOKENS = [(f"tok-conformance-{n:04d}-runs", f"tok-conformance-{n:04d}-prefs") for n in range(SCENARIO_ACTORS)]
-EXAMPLES = 15  # per operation and phase: the whole file stays well under a minute on 2 cores
-SEED = 20261201
-# Operations that need a peer this test does not start (see the module docstring).
-NEEDS_PEER = r"^/v1/knowledge/"
-
-
-class GatewayThread:
-    """A fake upstream and a gateway on 127.0.0.1, served by an event loop in a thread."""
-
-    def __init__(self, data_dir: str) -> None:
-        self.data_dir = data_dir
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
-        self.fake = FakeOpenAI()
-        self.runner: web.AppRunner | None = None
-        self.url = ""
-
-    def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=WAIT)
-
-    async def _start(self) -> None:
-        await self.fake.start()
-        config = Config.load(
-            None,
-            env={},
-            overrides={
-                "gateway": {"data_dir": self.data_dir},
-                "auth": {
-                    "tokens": {
-                        RUNS_TOKEN: "runs",
-                        PREFS_TOKEN: "prefs",
-                        **{token: f"scenario-{n}-runs" for n, (token, _) in enumerate(SCENARIO_TOKENS)},
-                        **{token: f"scenario-{n}-prefs" for n, (_, token) in enumerate(SCENARIO_TOKENS)},
-                    }
-                },
-                "chat_only": {"base_url": self.fake.base_url, "model": "m"},
-                "hermes": {"enabled": False},
-                "reasonix": {"enabled": False},
-                "pi_lab": {"enabled": False},
-                # A run body's `webhook` is accepted (it is schema-valid)...
-                "webhooks": {"secret": WEBHOOK_SECRET},
-            },
-        )
-        app = create_app(config, PluginHost.load(env={}))
-        # ... but never sent: the fuzzed URLs name hosts the test must not resolve or reach
-        # (deliveries are tested in test_webhooks.py).
-        app[GATEWAY_KEY].webhooks.enabled_for_delivery = False
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        port = self.runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
-
-    async def _stop(self) -> None:
-        if self.runner is not None:
-            await self.runner.cleanup()
-        await self.fake.stop()
-
-    def __enter__(self) -> GatewayThread:
-        self.thread.start()
-        self._call(self._start())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            self._call(self._stop())
-        finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self.thread.join(timeout=WAIT)
-            self.loop.close()
-
-
-def headers_for(case: schemathesis.Case, tokens: tuple[str, str] = (RUNS_TOKEN, PREFS_TOKEN)) -> dict[str, str]:
-    runs_token, prefs_token = tokens
-    token = prefs_token if case.operation.path == "/v1/preferences" else runs_token
-    return {"Authorization": f"Bearer {token}"}
-
-
-@pytest.fixture(autouse=True)
-def _node_id_for_schemathesis(request: pytest.FixtureRequest) -> None:
-    """Schemathesis 4.32.5's lazy schemas read and rewrite ``node._nodeid`` (to name each
-    operation's subtest), an attribute pytest 9 no longer has: give it one."""
-    request.node._nodeid = request.node.nodeid
-
-
-@pytest.fixture(scope="module")
-def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with GatewayThread(str(tmp_path_factory.mktemp("conformance"))) as gateway:
-        yield gateway.url
-
-
-@pytest.fixture(scope="module")
-def api_schema(gateway_url: str) -> OpenApiSchema:
-    config = schemathesis.Config.from_dict(
-        {
-            "seed": SEED,
-            "request-timeout": WAIT,
-            "max-stream-events": 200,
-            # Every built-in check, on by default; named so a default turned off shows here.
-            "checks": {"enabled": True},
-            "generation": {
-                "max-examples": EXAMPLES,
-                "deterministic": True,
-                "database": "none",
-                # The gateway refuses NUL in any JSON text (400 invalid_text), which a JSON schema
-                # cannot say for free-form objects; the document's description states it.
-                "allow-x00": False,
-            },
-        }
-    )
-    schema = schemathesis.openapi.from_url(f"{gateway_url}/openapi.json", config=config)
-    return schema.exclude(path_regex=NEEDS_PEER)
-
+from tests._harness import WAIT, run_body, run_to_end
+from tests._openapi import (  # noqa: F401  (fixtures)
+    EXAMPLES,
+    NEEDS_PEER,
+    RUNS_TOKEN,
+    SCENARIO_TOKENS,
+    GatewayThread,
+    _node_id_for_schemathesis,
+    api_schema_fixture,
+    gateway_url_fixture,
+    headers_for,
+)
 
 schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=NEEDS_PEER)
 
@@ -168,7 +49,32 @@ def test_every_operation_conforms(case: schemathesis.Case) -> None:
     case.call_and_validate(headers=headers_for(case))
 
 
-def test_run_links_conform(api_schema: OpenApiSchema) -> None:
+TERMINAL_STATUSES = ("completed", "failed", "cancelled", "interrupted")
+
+
+def settle(gateway_url: str, response: Any, token: str) -> None:
+    """Wait (bounded) until the run a response names has ended (its stream closed).
+
+    Which rules the state machine can draw next depends on the statuses answered so far (each
+    link's bundle fills with the responses of its status): a run still streaming answers its
+    session's active-run with 200 and its cancel with 202, a finished one with 404 and 409. Left
+    to timing, the same choices would meet different answers, which Hypothesis reports as
+    ``FlakyStrategyDefinition``; settled, every step meets the state the choices before it made."""
+    if not 200 <= response.status_code < 300 or "json" not in response.headers.get("Content-Type", ""):
+        return
+    body = response.json()
+    run_id = body.get("hostRunId") if isinstance(body, dict) else None
+    if not isinstance(run_id, str):
+        return
+    # the stream closes after the run's terminal event
+    stream = requests.get(
+        f"{gateway_url}/v1/runs/{run_id}/stream", headers={"Authorization": f"Bearer {token}"}, timeout=WAIT
+    )
+    if stream.status_code == 200:
+        assert any(f"event: run.{status}" in stream.text for status in TERMINAL_STATUSES), stream.text[-500:]
+
+
+def test_run_links_conform(api_schema: OpenApiSchema, gateway_url: str) -> None:
     scenarios = iter(SCENARIO_TOKENS)
 
     # The run links' own operations only: protocol plugins' routes (chat completions, AG-UI) wait
@@ -181,6 +87,10 @@ def test_run_links_conform(api_schema: OpenApiSchema) -> None:
 
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
             return {"headers": headers_for(case, self.tokens)}
+
+        def after_call(self, response: Any, case: schemathesis.Case) -> None:
+            super().after_call(response, case)
+            settle(gateway_url, response, self.tokens[0])
 
     RunLinks.run(
         settings=hypothesis.settings(

@@ -30,8 +30,17 @@ from opentelemetry.trace import SpanKind, StatusCode
 from agent_gateway import AcpAgentSpec, AcpRuntime, RuntimePolicy, ToolError, Turn, TurnOutcome, hookimpl
 from agent_gateway.plugins import otel
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests._harness import FAKE_ACP_AGENT, ROOT, start_gateway_process
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end, sse_events
+from tests._harness import (
+    FAKE_ACP_AGENT,
+    ROOT,
+    WAIT,
+    MakeGateway,
+    gateway_of,
+    run_body,
+    run_to_end,
+    sse_events,
+    start_gateway_process,
+)
 
 INBOUND_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 INBOUND = {"traceparent": f"00-{INBOUND_TRACE}-00f067aa0ba902b7-01"}

@@ -19,26 +19,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.test_cli import clean_env, run_cli, serve
+from tests._cli import BUILT_INS, clean_env, run_cli, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 MAPPED = {"gateway": "agent_gateway", "hookspecs": "agent_gateway/hookspecs", "plugins": "agent_gateway/plugins"}
-BUILT_INS = {
-    "core",
-    "journal_peewee",
-    "chat_only",
-    "reasonix",
-    "hermes",
-    "workspace",
-    "pi_lab",
-    "lightrag",
-    "ag_ui",
-    "openai_compat",
-    "cluster_redis",
-    "sandbox_bubblewrap",
-    "auth_jwt",
-    "otel",
-}
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,22 @@ from aiohttp.test_utils import TestClient
 from agent_gateway.app import Gateway
 from agent_gateway.models import MERGEABLE_KINDS, TERMINAL_KINDS, Event, format_cursor
 from tests._harness import (
+    WAIT,
     BlockingStorage,
     BlockingStoragePlugin,
+    MakeGateway,
     RawSseClient,
     ScriptPlugin,
     check_delivery,
     delta_text_of,
+    events_page,
+    gateway_of,
     metric,
     parse_prometheus,
+    read_stream,
     script_body,
+    sse_events,
 )
-from tests.conftest import WAIT, MakeGateway, events_page, gateway_of, read_stream, sse_events
 
 
 async def _post(client: TestClient, body: dict[str, Any]) -> str:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import gateway_of, run_body, run_to_end
 
 from agent_gateway import PluginError, PluginRoutes, Tool, ToolCall, ToolError, hookimpl
 from agent_gateway.app import create_app
@@ -23,6 +22,7 @@ from agent_gateway.config import Config
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.runtime import RuntimePolicy
+from tests._harness import gateway_of, run_body, run_to_end
 
 ALICE = {"Authorization": "Bearer alice-token-0123456789"}
 BOB = {"Authorization": "Bearer bob-token-0123456789ab"}

@@ -3,9 +3,15 @@ storage hook, isolation between actors."""
 
 from __future__ import annotations
 
-from tests.test_descriptors import ALICE, BOB, MakeClient, ToolAgent, ToolAgentPlugin, make_client, put_prefs
-
-__all__ = ["make_client"]  # the fixture, re-exported for pytest
+from tests._descriptors import (
+    ALICE,
+    BOB,
+    MakeClient,
+    ToolAgent,
+    ToolAgentPlugin,
+    make_client_fixture,  # noqa: F401  (the fixture `make_client`)
+    put_prefs,
+)
 
 
 async def test_two_actors_see_only_their_own(make_client: MakeClient) -> None:
@@ -18,7 +24,7 @@ async def test_two_actors_see_only_their_own(make_client: MakeClient) -> None:
     assert alice["values"] == {"ai.common.defaultAgent": "tool-agent", "ai.agent.tool-agent.model": "alice-m"}
     assert bob["values"] == {"ai.common.defaultAgent": "chat-only"}
     # descriptors merge each actor's own values
-    from tests.test_descriptors import agents_of
+    from tests._descriptors import agents_of
 
     alice_model = next(
         f for f in (await agents_of(client, ALICE))["tool-agent"]["fields"] if f["key"] == "ai.agent.tool-agent.model"

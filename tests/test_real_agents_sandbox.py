@@ -32,12 +32,13 @@ from aiohttp.test_utils import TestClient
 from agent_gateway.environment import agent_environment
 from agent_gateway.sandbox import bubblewrap
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import MakeGateway, gateway_of, run_to_end, sse_events
-from tests.test_real_agents import agent_binary, last_user_text, message_text
+from tests._harness import MakeGateway, gateway_of, run_to_end, sse_events
+from tests._real_agents import agent_binary, last_user_text, message_text
 
-pytestmark = pytest.mark.skipif(
-    bubblewrap.probe() is not None, reason=f"bubblewrap cannot run here: {bubblewrap.probe()}"
-)
+pytestmark = [
+    pytest.mark.peers,
+    pytest.mark.skipif(bubblewrap.probe() is not None, reason=f"bubblewrap cannot run here: {bubblewrap.probe()}"),
+]
 
 TURN_TIMEOUT = 120.0
 TOKENS = {"tok-alice-0123456789": "alice", "tok-bob-0123456789ab": "bob"}

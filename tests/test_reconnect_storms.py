@@ -27,8 +27,17 @@ from agent_gateway.app import GATEWAY_KEY, create_app
 from agent_gateway.config import Config
 from agent_gateway.models import TERMINAL_KINDS, format_cursor
 from agent_gateway.plugin_host import PluginHost
-from tests._harness import WAIT, LoopThread, ScriptPlugin, Step, script_body
-from tests.conftest import MakeGateway, events_page, gateway_of, sse_events
+from tests._harness import (
+    WAIT,
+    LoopThread,
+    MakeGateway,
+    ScriptPlugin,
+    Step,
+    events_page,
+    gateway_of,
+    script_body,
+    sse_events,
+)
 
 # -- the property ----------------------------------------------------------------------------------------
 

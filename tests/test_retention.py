@@ -14,8 +14,14 @@ import pytest
 from agent_gateway import Event, Run
 from agent_gateway.config import Config, ConfigError
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
-from tests.test_compaction import storage as storage  # the same backend fixture
+from tests._harness import (
+    WAIT,
+    MakeGateway,
+    gateway_of,
+    run_body,
+    run_to_end,
+    storage_fixture,  # noqa: F401  (the fixture `storage`)
+)
 
 DAY_MS = 86_400_000
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from conftest import WAIT, gateway_of, read_stream, run_body, run_to_end
-
 from agent_gateway.models import TERMINAL_KINDS
 from agent_gateway.testing.fake_openai import Reply
+from tests._harness import WAIT, gateway_of, read_stream, run_body, run_to_end
 
 TOKENS = {"tok-alice-0123456789": "alice", "tok-bob-0123456789ab": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice-0123456789"}

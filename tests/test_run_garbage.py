@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 import pytest
-from conftest import WAIT, MakeGateway, gateway_of, read_stream, run_body, run_to_end
 
 from agent_gateway.server.allocator import HeapTrimmer
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
+from tests._harness import WAIT, MakeGateway, gateway_of, read_stream, run_body, run_to_end
 
 ENDED = SimpleNamespace(is_terminal=True)
 

@@ -15,20 +15,11 @@ import sqlite3
 from typing import Any
 
 import pytest
-from conftest import (
-    WAIT,
-    events_page,
-    gateway_of,
-    read_stream,
-    run_body,
-    run_to_end,
-    sse_events,
-    stream_path,
-)
 
 from agent_gateway.models import TERMINAL_KINDS, TERMINAL_STATUSES, Event, Run
 from agent_gateway.routes.console import CONSOLE_ROUTES
 from agent_gateway.testing.fake_openai import Reply
+from tests._harness import WAIT, events_page, gateway_of, read_stream, run_body, run_to_end, sse_events, stream_path
 
 RECEIPT_KEYS = {
     "schema",

@@ -25,8 +25,7 @@ from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.sandbox import bubblewrap
 from agent_gateway.testing.fake_openai import FakeOpenAI
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_body, run_to_end
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, gateway_of, run_body, run_to_end
 
 AGENT = "probe-agent"
 TOKENS = {"tok-alice-0123456789": "alice", "tok-bob-0123456789ab": "bob"}

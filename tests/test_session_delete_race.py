@@ -10,8 +10,8 @@ from typing import Any
 
 from agent_gateway.routes.sessions import run_digest
 from agent_gateway.transcript import project_transcript, run_transcript
-from tests.conftest import WAIT, gateway_of, run_to_end
-from tests.test_sessions_api import ALICE, auth, body, gateway, get_json
+from tests._harness import WAIT, gateway_of, run_to_end
+from tests._sessions import ALICE, auth, body, gateway, get_json
 
 PAIRS = 50
 

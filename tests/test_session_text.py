@@ -12,8 +12,8 @@ from typing import Any
 
 from markdown_it import MarkdownIt
 
-from tests.conftest import run_to_end
-from tests.test_sessions_api import ALICE, auth, body, gateway, get_json
+from tests._harness import run_to_end
+from tests._sessions import ALICE, auth, body, gateway, get_json
 
 TAGGED = "ECHO-LAST<<SLOW 0.35 18>>"
 PRIVATE = "private \ue000use\ue001 area ctrl\x01char"

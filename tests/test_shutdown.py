@@ -18,9 +18,8 @@ from typing import Any
 import aiohttp
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import sse_events
-from tests.test_cli import clean_env, serve
-from tests.test_connections import write_config
+from tests._cli import clean_env, serve, write_config
+from tests._harness import sse_events
 
 WAIT = 20.0
 EXIT_BOUND = 5.0

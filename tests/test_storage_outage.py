@@ -31,17 +31,21 @@ from aiohttp.test_utils import TestClient
 from agent_gateway.app import Gateway
 from agent_gateway.models import Event, parse_cursor
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
-from tests._harness import ScriptPlugin, Step, metric, parse_prometheus, script_body
-from tests.conftest import (
+from tests._harness import (
     POSTGRES_URL,
     WAIT,
     MakeGateway,
+    ScriptPlugin,
+    Step,
     events_page,
     gateway_of,
+    metric,
+    parse_prometheus,
     postgres_url_for_schema,
     read_stream,
     run_body,
     run_to_end,
+    script_body,
 )
 
 # -- helpers ----------------------------------------------------------------------------------------

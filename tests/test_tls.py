@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from agent_gateway.cli import cli
-from tests.conftest import WAIT, sse_events
-from tests.test_cli import agent_gateway, clean_env, serve
+from tests._cli import agent_gateway, clean_env, serve
+from tests._harness import WAIT, sse_events
 
 
 @pytest.fixture(scope="module")

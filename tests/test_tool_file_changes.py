@@ -31,9 +31,8 @@ from typing import Any
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
 from agent_gateway.hookspecs import hookimpl
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, gateway_of, run_to_end
-from tests.test_watcher import Stream, changed, write
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, gateway_of, run_to_end
+from tests._watcher import Stream, changed, write
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WS = "local:ws"

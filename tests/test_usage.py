@@ -20,8 +20,7 @@ from aiohttp.test_utils import TestClient
 from agent_gateway import AcpAgentSpec, AcpRuntime, hookimpl
 from agent_gateway.plugins.pi_lab.mapping import EventMapper
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests._harness import FAKE_ACP_AGENT
-from tests.conftest import WAIT, MakeGateway, events_page
+from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, events_page
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "tok-usage"

@@ -20,10 +20,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from _harness import GatewayProcess, start_gateway_process
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import MakeGateway, run_body, run_to_end
 from standardwebhooks import Webhook
 
 from agent_gateway.config import Config
@@ -38,6 +36,7 @@ from agent_gateway.webhooks import (
     sign,
 )
 from tests._cluster import free_port, fresh_database, instances
+from tests._harness import GatewayProcess, MakeGateway, run_body, run_to_end, start_gateway_process
 
 WAIT = 20.0
 SECRET = new_secret()

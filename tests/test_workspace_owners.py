@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 from click.testing import CliRunner
-from conftest import WAIT, gateway_of, run_body, run_to_end
 
 from agent_gateway import PluginRoutes, ToolError, hookimpl
 from agent_gateway.cli import cli
 from agent_gateway.config import Config
+from tests._harness import WAIT, gateway_of, run_body, run_to_end
 
 TOKENS = {"tok-alice-0123456789": "alice", "tok-bob-0123456789ab": "bob"}
 ALICE = {"Authorization": "Bearer tok-alice-0123456789"}

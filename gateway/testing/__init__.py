@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "start_gateway": "agent_gateway.testing.server",
     "RunningGateway": "agent_gateway.testing.server",
+    "LoopThread": "agent_gateway.testing.server",
+    "SseParser": "agent_gateway.testing.sse",
+    "sse_events": "agent_gateway.testing.sse",
     "GatewayClient": "agent_gateway.testing.client",
     "GatewayHTTPError": "agent_gateway.testing.client",
     "RunResult": "agent_gateway.testing.client",
@@ -27,6 +30,9 @@ _EXPORTS: dict[str, str] = {
 __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "start_gateway",
     "RunningGateway",
+    "LoopThread",
+    "SseParser",
+    "sse_events",
     "GatewayClient",
     "GatewayHTTPError",
     "RunResult",
@@ -40,7 +46,8 @@ if TYPE_CHECKING:
     from agent_gateway.config import ConfigError
     from agent_gateway.testing.client import GatewayClient, GatewayHTTPError, RunResult, SseEvent
     from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-    from agent_gateway.testing.server import RunningGateway, start_gateway
+    from agent_gateway.testing.server import LoopThread, RunningGateway, start_gateway
+    from agent_gateway.testing.sse import SseParser, sse_events
 
 
 def __getattr__(name: str) -> Any:

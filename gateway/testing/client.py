@@ -288,33 +288,14 @@ class GatewayClient:
 
 
 def _parse_sse(read_line: Any) -> Iterator[SseEvent]:
-    """SSE frames from a line reader: ``id:``/``event:``/``data:`` fields, a blank line ends a
-    frame, ``:`` lines (heartbeats) are skipped, ``data`` is decoded JSON when it parses."""
-    event_id: str | None = None
-    kind = "message"
-    data: list[str] = []
+    """SSE frames from a line reader (see :mod:`agent_gateway.testing.sse`), until it returns b""."""
+    from agent_gateway.testing.sse import SseParser
+
+    parser = SseParser()
     while True:
         raw = read_line()
         if not raw:  # the server closed the stream
             return
-        line = raw.decode("utf-8").rstrip("\r\n")
-        if not line:
-            if data:
-                text = "\n".join(data)
-                try:
-                    value: Any = json.loads(text)
-                except ValueError:
-                    value = text
-                yield SseEvent(event_id, kind, value)
-            event_id, kind, data = None, "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value_text = line.partition(":")
-        value_text = value_text.removeprefix(" ")
-        if name == "id":
-            event_id = value_text
-        elif name == "event":
-            kind = value_text
-        elif name == "data":
-            data.append(value_text)
+        event = parser.feed_line(raw)
+        if event is not None:
+            yield event

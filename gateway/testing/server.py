@@ -31,10 +31,12 @@ Overrides = Mapping[str, Mapping[str, Any]]
 HOST = "127.0.0.1"
 
 
-class _LoopThread:
-    """An event loop running forever in a daemon thread until :meth:`stop`."""
+class LoopThread:
+    """An event loop running forever in a daemon thread until :meth:`stop`: for synchronous code
+    (plain tests, Hypothesis, Schemathesis) driving async code. :meth:`call` runs a coroutine on
+    it and waits (bounded) for its result; :meth:`stop` cancels what is left and closes the loop."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str = "agw-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -79,7 +81,7 @@ class RunningGateway:
     config: Config
     plugins: PluginHost
     app: web.Application
-    _thread: _LoopThread
+    _thread: LoopThread
 
     @property
     def port(self) -> int:
@@ -201,7 +203,7 @@ def start_gateway(
     :class:`agent_gateway.testing.ConfigError` listing them all, as ``agent-gateway config check`` would
     report them; a plugin that fails to load, or a gateway that fails to start, raises here too."""
     directory = Path(data_dir)
-    thread = _LoopThread("agw-gateway")
+    thread = LoopThread("agw-gateway")
     try:
         runner, loaded_config, host, app, url = thread.call(
             _serve(tuple(plugins), config, directory, dict(env or {})), startup_timeout
