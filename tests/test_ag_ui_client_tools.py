@@ -10,9 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import MakeGateway
-from tests.test_ag_ui import FakeAcpPlugin, agui_input, check, js_verify, parse, post_run
+from tests._ag_ui import FakeAcpPlugin, agui_input, check, js_verify, parse, post_run
+from tests._harness import MakeGateway
 
 WEATHER = {
     "name": "get_weather",
@@ -21,6 +23,7 @@ WEATHER = {
 }
 
 
+@pytest.mark.peers  # the official @ag-ui/client checks the events
 async def test_frontend_tool_round_trip_on_chat_only(
     make_gateway: MakeGateway, fake_llm: FakeOpenAI, tmp_path: Path
 ) -> None:

@@ -20,8 +20,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import WAIT, MakeGateway
-from tests.test_openai_compat import ACP_AGENT, FakeAcpPlugin
+from tests._harness import WAIT, MakeGateway
+from tests._openai import ACP_AGENT, FakeAcpPlugin
 
 ALICE, BOB = "tok-affinity-alice", "tok-affinity-bob"
 AGENTS = ("chat-only", ACP_AGENT)

@@ -23,8 +23,8 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
-from tests.conftest import WAIT, MakeGateway
-from tests.test_openai_compat import ACP_AGENT, TOKEN, FakeAcpPlugin, sdk_for
+from tests._harness import WAIT, MakeGateway
+from tests._openai import ACP_AGENT, TOKEN, FakeAcpPlugin, sdk_for
 
 WEATHER_TOOL = {
     "type": "function",
