@@ -472,3 +472,19 @@ async def test_a_null_multitask_strategy_is_the_default(make_gateway: MakeGatewa
     response, raw = await post_run(client, "chat-only", body)
     assert response.status == 200, raw[:500]
     assert [e["type"] for _id, e in parse(raw)][-1] == "RUN_FINISHED"
+
+
+async def test_a_thread_id_with_a_control_character_is_answered(make_gateway: MakeGateway) -> None:
+    # The thread id becomes the session id, which no header may carry: the stream still answers.
+    client = await make_gateway()
+    messages = [
+        {"id": "u0", "role": "user", "content": "earlier"},
+        {"id": "a0", "role": "assistant", "content": "ok"},
+        {"id": "u1", "role": "user", "content": "now"},
+    ]
+    body = agui_input("now", threadId="\x1b", messages=messages)
+    response, raw = await post_run(client, "chat-only", body)
+    assert response.status == 200, raw[:500]
+    assert "X-Agent-Gateway-Session" not in response.headers
+    events = [e for _id, e in parse(raw)]
+    assert events[0]["threadId"] == "\x1b" and events[-1]["type"] == "RUN_FINISHED"

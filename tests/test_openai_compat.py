@@ -587,3 +587,11 @@ async def test_disabled_plugin_serves_nothing(make_gateway: MakeGateway) -> None
     response = await client.get("/v1/models")
     assert response.status == 404
     assert set((await response.json())["error"]) == {"code", "message"}  # the core's own 404
+
+
+async def test_a_session_id_with_a_control_character_is_answered(gateway: TestClient) -> None:
+    body = {"model": "chat-only", "messages": [{"role": "user", "content": "hi"}], "metadata": {"session_id": "a\x1bb"}}
+    response = await gateway.post("/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status == 200, await response.text()
+    assert "X-Agent-Gateway-Session" not in response.headers
+    assert (await response.json())["agent_gateway"]["sessionId"] == "a\x1bb"

@@ -21,7 +21,7 @@ _EXPORTS: dict[str, str] = {
     "GatewayClient": "agent_gateway.testing.client",
     "GatewayHTTPError": "agent_gateway.testing.client",
     "RunResult": "agent_gateway.testing.client",
-    "SseEvent": "agent_gateway.testing.client",
+    "SseEvent": "agent_gateway.testing.sse",
     "FakeOpenAI": "agent_gateway.testing.fake_openai",
     "Reply": "agent_gateway.testing.fake_openai",
     "ConfigError": "agent_gateway.config",
@@ -44,10 +44,10 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
 
 if TYPE_CHECKING:
     from agent_gateway.config import ConfigError
-    from agent_gateway.testing.client import GatewayClient, GatewayHTTPError, RunResult, SseEvent
+    from agent_gateway.testing.client import GatewayClient, GatewayHTTPError, RunResult
     from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
     from agent_gateway.testing.server import LoopThread, RunningGateway, start_gateway
-    from agent_gateway.testing.sse import SseParser, sse_events
+    from agent_gateway.testing.sse import SseEvent, SseParser, sse_events
 
 
 def __getattr__(name: str) -> Any:

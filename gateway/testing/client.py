@@ -18,40 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from agent_gateway.testing.sse import SseEvent, SseParser
+
 # The kinds that end a run; the gateway writes exactly one of them, last.
-TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled", "run.interrupted"})
 DEFAULT_TIMEOUT = 30.0
-
-
-@dataclass(frozen=True)
-class SseEvent:
-    """One SSE frame of a run's stream: ``id:`` (the event's seq), ``event:`` (its kind) and
-    ``data:`` (the event's wire JSON, decoded: ``hostRunId``, ``seq``, ``kind``, ``source``,
-    ``payload``, ``createdAt``)."""
-
-    id: str | None
-    event: str
-    data: Any
-
-    @property
-    def payload(self) -> dict[str, Any]:
-        """The payload the runtime (or the gateway) emitted."""
-        if isinstance(self.data, dict) and isinstance(self.data.get("payload"), dict):
-            return self.data["payload"]
-        return {}
-
-    @property
-    def source(self) -> str | None:
-        """Who emitted it: the runtime's agent id, ``gateway``, or ``adapter_replay``."""
-        return self.data.get("source") if isinstance(self.data, dict) else None
-
-    @property
-    def seq(self) -> int:
-        return int(self.id or 0)
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.event in TERMINAL_KINDS
 
 
 @dataclass
@@ -289,7 +259,6 @@ class GatewayClient:
 
 def _parse_sse(read_line: Any) -> Iterator[SseEvent]:
     """SSE frames from a line reader (see :mod:`agent_gateway.testing.sse`), until it returns b""."""
-    from agent_gateway.testing.sse import SseParser
 
     parser = SseParser()
     while True:

@@ -1,5 +1,5 @@
 """The one SSE reader of the test helpers: an incremental parser of ``text/event-stream`` bytes
-into :class:`~agent_gateway.testing.client.SseEvent` frames, used by the synchronous
+into :class:`~agent_gateway.testing.sse.SseEvent` frames, used by the synchronous
 :class:`~agent_gateway.testing.client.GatewayClient` and, through :func:`sse_events`, by async
 tests reading an aiohttp response.
 
@@ -12,14 +12,46 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from agent_gateway.testing.client import SseEvent
 
 if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["SseEvent", "SseParser", "sse_events"]
+
+TERMINAL_KINDS = frozenset({"run.completed", "run.failed", "run.cancelled", "run.interrupted"})
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    """One SSE frame of a run's stream: ``id:`` (the event's seq), ``event:`` (its kind) and
+    ``data:`` (the event's wire JSON, decoded: ``hostRunId``, ``seq``, ``kind``, ``source``,
+    ``payload``, ``createdAt``)."""
+
+    id: str | None
+    event: str
+    data: Any
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The payload the runtime (or the gateway) emitted."""
+        if isinstance(self.data, dict) and isinstance(self.data.get("payload"), dict):
+            return self.data["payload"]
+        return {}
+
+    @property
+    def source(self) -> str | None:
+        """Who emitted it: the runtime's agent id, ``gateway``, or ``adapter_replay``."""
+        return self.data.get("source") if isinstance(self.data, dict) else None
+
+    @property
+    def seq(self) -> int:
+        return int(self.id or 0)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.event in TERMINAL_KINDS
 
 
 class SseParser:

@@ -261,6 +261,7 @@ STREAM_OPENAPI: dict[str, Any] = {
 
 
 VISIBLE_TEXT = re.compile(VISIBLE)
+NOT_IN_A_HEADER = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _user_text(content: Any) -> str | None:
@@ -422,11 +423,15 @@ class AgUiRoutes:
 
     @staticmethod
     def _headers(run: Run) -> dict[str, str]:
-        return {
+        headers = {
             "X-Agent-Gateway-Run-Id": run.host_run_id,
-            "X-Agent-Gateway-Session": run.session_id,
             "Content-Location": f"/v1/ag-ui/runs/{run.host_run_id}/stream",
         }
+        # A thread id with a control character (the caller's own bytes) cannot be a header value:
+        # aiohttp would refuse the whole response. RUN_STARTED's metadata still carries it.
+        if not NOT_IN_A_HEADER.search(run.session_id):
+            headers["X-Agent-Gateway-Session"] = run.session_id
+        return headers
 
     async def _find(self, request: web.Request) -> Run:
         actor = self.routes.actor(request)

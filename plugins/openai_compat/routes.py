@@ -450,9 +450,18 @@ class OpenAIRoutes:
         return web.json_response(self._response(run, await self._all_events(run)))
 
 
+# Characters no HTTP header may carry (aiohttp refuses to send the whole response otherwise).
+NOT_IN_A_HEADER = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def _session_headers(run: Run, plan: ConversationPlan) -> dict[str, str]:
-    """The session the run went to, and how it was chosen (pinned, continued, new, fresh)."""
-    return {SESSION_HEADER: run.session_id, AFFINITY_HEADER: plan.affinity}
+    """The session the run went to, and how it was chosen (pinned, continued, new, fresh). A session
+    id with a control character in it (the caller's own bytes) stays out of the header; the body's
+    ``agent_gateway.sessionId`` / ``metadata.session_id`` still carry it."""
+    headers = {AFFINITY_HEADER: plan.affinity}
+    if not NOT_IN_A_HEADER.search(run.session_id):
+        headers[SESSION_HEADER] = run.session_id
+    return headers
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
