@@ -341,6 +341,8 @@ async def test_acp_interrupt_keeps_the_turn_in_the_agents_session_and_rollback_i
 
     hello = (await post(client, body("hello")))["hostRunId"]
     assert (await events_of(client, hello))[-1]["kind"] == "run.completed"
+    # Its stream has ended; the run leaves the active set once its end is stored.
+    await gateway_of(client).runs.wait(hello)
     held = (await post(client, body(HOLD)))["hostRunId"]
     async with Stream(client, held) as held_stream:
         await held_stream.until("thought.delta")
