@@ -955,8 +955,15 @@ class RunManager:
     async def _repair_locked(self, run: Run) -> None:
         if run.host_run_id in self._active:
             return
-        if self.coordinator.clustered and run.status in ACTIVE_STATUSES and await self.coordinator.owner_elsewhere(run):
-            return  # another live instance executes it
+        if self.coordinator.clustered and run.status in ACTIVE_STATUSES:
+            if await self.coordinator.owner_elsewhere(run):
+                return  # another live instance executes it
+            # `run` may have been read just before its owner stored the end (the owner gives the run
+            # up in that same commit): read it again rather than rewrite the owner's end.
+            stored: Run | None = await self._db(self.storage.get_run, run.host_run_id)
+            if stored is not None and stored.is_terminal:
+                run.status, run.error, run.updated_at = stored.status, stored.error, stored.updated_at
+                return
         last = await self.journal.last_event(run.host_run_id)
         if last is not None and last.is_terminal:
             status = STATUS_BY_TERMINAL_KIND[last.kind]

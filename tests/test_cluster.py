@@ -4,6 +4,7 @@ processes, real PostgreSQL, real Redis. Every wait is bounded; nothing sleeps to
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import signal
@@ -33,7 +34,7 @@ from tests._cluster import (
     start_redis,
     wait_for_health,
 )
-from tests._harness import POSTGRES_URL, run_to_end
+from tests._harness import POSTGRES_URL, gateway_of, run_to_end
 from tests._harness import run_body as conftest_run_body
 
 pytestmark = [pytest.mark.cluster, pytest.mark.postgres]
@@ -342,6 +343,38 @@ async def test_cluster_coordinator_hook_a_plugin_coordinator_sees_every_committe
     assert committed == [(int(e["id"]), e["event"]) for e in events]
     health = await (await client.get("/v1/health")).json()
     assert health["cluster"] == {"instanceId": "rec-1", "ready": True}
+
+
+async def test_a_run_read_just_before_its_owner_stored_its_end_is_not_rewritten(make_gateway: Any) -> None:
+    """Another instance may read a run's row while its owner is storing the end: the row still says
+    running, and by the time it asks, the owner has given the run up (in the same commit). It takes
+    the stored end; it does not write one of its own (a receipt that differed from the webhook's)."""
+
+    class NoOtherOwner(Coordinator):
+        clustered = True
+
+        async def owner_elsewhere(self, run: Any) -> str | None:
+            return None
+
+    class Plugin:
+        @hookimpl
+        def cluster_coordinator(self, config: Any) -> Coordinator:
+            return NoOtherOwner()
+
+    client = await make_gateway(extra_plugins=(Plugin(),))
+    receipt, _ = await run_to_end(client, conftest_run_body("hi"))
+    runs = gateway_of(client).runs
+    run_id = receipt["hostRunId"]
+    await runs.wait(run_id)
+    stored = await runs._db(runs.storage.get_run, run_id)
+    stale = dataclasses.replace(stored, status="running", updated_at=stored.updated_at - 40)
+    writes: list[Any] = []
+    update_run = runs.storage.update_run
+    runs.storage.update_run = lambda *args, **kwargs: writes.append(args) or update_run(*args, **kwargs)
+    await runs._repair(stale)
+    assert (stale.status, stale.updated_at) == ("completed", stored.updated_at) and writes == []
+    answer = await (await client.get(f"/v1/runs/{run_id}")).json()
+    assert answer == stored.to_receipt() and answer["status"] == "completed"
 
 
 def test_without_a_cluster_section_the_gateway_is_one_instance(tmp_path: Path) -> None:
