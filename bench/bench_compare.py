@@ -227,6 +227,8 @@ def langgraph_command(option: str | None) -> tuple[str | None, str]:
     if not path:
         return None, "no `langgraph` executable (pass --langgraph or set LANGGRAPH_BIN)"
     python = Path(path).parent / "python"
+    if not python.exists():
+        return None, f"{path}: no python beside it (a venv's bin/langgraph is expected)"
     probe = subprocess.run(
         [str(python), "-c", "import langgraph_api, langgraph_runtime_inmem, langchain_openai"],
         capture_output=True,
