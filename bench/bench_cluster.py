@@ -54,10 +54,16 @@ def fresh_database(admin_url: str) -> Iterator[str]:
 
 @contextlib.contextmanager
 def instances(
-    storage_url: str, redis_url: str | None, count: int, lease: float = 10.0, heartbeat: float = 2.0
+    storage_url: str,
+    redis_url: str | None,
+    count: int,
+    lease: float = 10.0,
+    heartbeat: float = 2.0,
+    prefix: str | None = None,
 ) -> Iterator[list[Gateway]]:
-    """`count` instances (redis_url None: one plain instance on PostgreSQL)."""
-    prefix = "agbench:" + secrets.token_hex(4) + ":"
+    """`count` instances (redis_url None: one plain instance on PostgreSQL), on Redis key `prefix`
+    (default: a fresh one)."""
+    prefix = prefix or "agbench:" + secrets.token_hex(4) + ":"
     with contextlib.ExitStack() as stack:
         gateways = []
         for index in range(count):
