@@ -16,11 +16,16 @@ connections still count against ``max_connections``.
 `GuardedTCPSite` accepts connections with its own loop: out of file descriptors, it backs off and
 logs once per interval (asyncio's own accept loop logs one line per attempt and re-arms itself
 once per failure, which at the fd limit grows into hundreds of thousands of lines a second).
+A burst of connections is spread over loop turns, so that the loop keeps turning (and a health
+probe keeps being answered) while 500 clients arrive at once: the accept loop takes at most
+``ACCEPT_BATCH`` connections per turn, and at most ``STREAM_OPENINGS_PER_TURN`` requests asking
+for an event stream start their handling per turn (`StreamOpenings`), the rest in arrival order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import logging
@@ -33,7 +38,7 @@ from http import HTTPStatus
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
@@ -42,11 +47,24 @@ from agent_gateway.server.fairness import waiting_requests
 
 log = logging.getLogger("agent_gateway.http")
 
+# Connections the kernel holds for `accept` (capped by net.core.somaxconn). aiohttp's 128 overflows
+# in a burst of 500 clients: the rest see their handshake dropped and retry after a second, then
+# send their requests all at once.
+LISTEN_BACKLOG = 1024
+# Event streams whose handling starts per loop turn, at most (`StreamOpenings`).
+STREAM_OPENINGS_PER_TURN = 8
+
 # accept() failing for want of resources: wait and retry (the waiting clients stay in the backlog).
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 ACCEPT_BACKOFF_FIRST = 0.05
 ACCEPT_BACKOFF_MAX = 1.0
 ACCEPT_ERROR_LOG_INTERVAL = 10.0
+# Connections accepted per loop turn, at most. `sock_accept` returns without yielding while the
+# backlog holds connections, so a burst (500 streams at once) was accepted in one turn, and each
+# later step of their setup (transport, request parse, handler, headers) then ran for all of them
+# in one turn too: a 100-400 ms stall. A turn in between every few accepts spreads the burst over
+# many short turns; the rest waits in the kernel's backlog.
+ACCEPT_BATCH = 8
 
 # aiohttp's internals this module reads, sets or overrides: there is no public way to do what it
 # does with them. setup.cfg pins aiohttp to AIOHTTP_TESTED, the series they were checked on;
@@ -70,7 +88,7 @@ AIOHTTP_INTERNALS: tuple[tuple[type, tuple[str, ...]], ...] = (
             "handle_error",
         ),
     ),
-    (web.Server, ("_loop", "_kwargs")),  # what a request handler is made with
+    (web.Server, ("_loop", "_kwargs", "request_handler")),  # what a request handler is made with, calls
     (web.BaseRunner, ("_make_server",)),  # overridden: our server class
     (web.BaseSite, ("_runner", "_ssl_context", "_backlog", "_server")),  # `GuardedTCPSite`
 )
@@ -108,6 +126,52 @@ class ConnectionLimits:
             idle_timeout=float(section["idle_timeout_seconds"]),
             max_connections=int(section["max_connections"]),
         )
+
+
+class StreamOpenings:
+    """Spreads a burst of event-stream requests over loop turns: at most `per_turn` start their
+    handling in one turn, the others wait in arrival order. Opening a stream (the route, the
+    response headers, the first write, the hand-off) costs a few hundred microseconds; 500 clients
+    whose requests arrive together otherwise open in one turn and hold the loop for 100-400 ms,
+    and every other request (a health probe) waits that long. Other requests never wait here:
+    they go ahead of the streams still waiting."""
+
+    def __init__(self, per_turn: int = STREAM_OPENINGS_PER_TURN) -> None:
+        self.per_turn = per_turn
+        self._started = 0  # in the current turn
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._armed = False  # a call at the next turn is scheduled
+
+    def may_start(self) -> bool:
+        """Whether a stream may start now (counted if so): none waiting and room in this turn."""
+        if self._waiting or self._started >= self.per_turn:
+            return False
+        self._started += 1
+        self._arm()
+        return True
+
+    async def wait_turn(self) -> None:
+        """Wait until a later turn lets this stream start (after the ones waiting before it)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        self._arm()
+        await waiter
+
+    def _arm(self) -> None:
+        if not self._armed:
+            self._armed = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        self._armed = False
+        self._started = 0
+        while self._waiting and self._started < self.per_turn:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # (cancelled: its request is gone)
+                waiter.set_result(None)
+                self._started += 1
+        if self._waiting or self._started:
+            self._arm()
 
 
 class JsonErrorRequestHandler(RequestHandler):
@@ -209,11 +273,34 @@ class JsonErrorRequestHandler(RequestHandler):
 class JsonErrorServer(web.Server):
     limits = ConnectionLimits()
     handed_off = 0  # open connections taken from aiohttp by `hand_off` (they count against the cap)
+    _stream_openings: StreamOpenings | None = None
+    _handle_in_turn_bound: Callable[[BaseRequest], Awaitable[web.StreamResponse]] | None = None
+
+    @property
+    def stream_openings(self) -> StreamOpenings:
+        if self._stream_openings is None:
+            self._stream_openings = StreamOpenings()
+        return self._stream_openings
 
     def __call__(self) -> RequestHandler:
         handler = JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
         handler._limits = self.limits
+        if self._handle_in_turn_bound is None:
+            self._handle_in_turn_bound = self.handle_in_turn  # one bound method for every connection
+        handler._request_handler = self._handle_in_turn_bound
         return handler
+
+    def handle_in_turn(self, request: BaseRequest) -> Awaitable[web.StreamResponse]:
+        """The application's handler, called at once, except for an event stream beyond this
+        loop turn's openings (`StreamOpenings`). A plain function: most requests get no
+        coroutine frame of their own here."""
+        if "text/event-stream" not in request.headers.get(hdrs.ACCEPT, "") or self.stream_openings.may_start():
+            return self.request_handler(request)
+        return self._handle_later(request)
+
+    async def _handle_later(self, request: BaseRequest) -> web.StreamResponse:
+        await self.stream_openings.wait_turn()
+        return await self.request_handler(request)
 
 
 class GatewayRunner(web.AppRunner):
@@ -411,7 +498,7 @@ class GuardedTCPSite(web.BaseSite):
         *,
         ssl_context: ssl.SSLContext | None = None,
         ssl_handshake_timeout: float = 60.0,
-        backlog: int = 128,
+        backlog: int = LISTEN_BACKLOG,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host = host
@@ -450,6 +537,7 @@ class GuardedTCPSite(web.BaseSite):
     async def _accept_loop(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         backoff = ACCEPT_BACKOFF_FIRST
+        accepted = 0  # since this loop last gave the others a turn
         while True:
             try:
                 conn, _ = await loop.sock_accept(sock)
@@ -467,6 +555,10 @@ class GuardedTCPSite(web.BaseSite):
             # A request is on its way: runtimes give way from now (the protocol takes this over).
             waiting_requests().arrived(conn.fileno())
             self._hand_over(loop, conn)
+            accepted += 1
+            if accepted >= ACCEPT_BATCH:
+                accepted = 0
+                await asyncio.sleep(0)  # a loop turn for the connections already accepted
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
         server = self._runner.server

@@ -1,0 +1,165 @@
+"""A burst of connections is spread over loop turns: the gateway's accept loop takes a few
+connections per turn (`ACCEPT_BATCH`), and event-stream requests start their handling a few per
+turn (`StreamOpenings`), in arrival order, while other requests go ahead of the ones waiting.
+Turns are counted by a callback that reschedules itself (one call per loop turn): no clock."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from agent_gateway.server import http_server
+from agent_gateway.server.http_server import (
+    GatewayRunner,
+    GuardedTCPSite,
+    JsonErrorRequestHandler,
+    JsonErrorServer,
+    StreamOpenings,
+)
+
+WAIT = 20.0  # a bound on every wait, never a measured duration
+
+
+class Turns:
+    """The number of the current loop turn."""
+
+    def __init__(self) -> None:
+        self.number = 0
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.number += 1
+        self._handle = self._loop.call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+@pytest.fixture
+async def site() -> AsyncIterator[tuple[GatewayRunner, GuardedTCPSite]]:
+    async def stream(request: web.Request) -> web.Response:
+        return web.Response(text="stream", content_type="text/event-stream")
+
+    async def ping(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/stream", stream)
+    app.router.add_get("/ping", ping)
+    runner = GatewayRunner(app)
+    await runner.setup()
+    site = GuardedTCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner, site
+    finally:
+        await runner.cleanup()
+
+
+async def test_stream_openings_start_a_few_per_turn_in_arrival_order() -> None:
+    openings = StreamOpenings(per_turn=3)
+    assert [openings.may_start() for _ in range(4)] == [True, True, True, False]
+    turns = Turns()
+    started: list[tuple[int, int]] = []  # (turn, arrival index)
+
+    async def stream(index: int) -> None:
+        await openings.wait_turn()
+        started.append((turns.number, index))
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(stream(i) for i in range(10))), WAIT)
+    finally:
+        turns.stop()
+    assert [index for _, index in started] == list(range(10))  # arrival order
+    per_turn = collections.Counter(turn for turn, _ in started)
+    assert max(per_turn.values()) <= 3 and len(per_turn) >= 4
+    # Nothing waits any more: the next turn starts a stream at once again.
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert openings.may_start()
+
+
+async def test_event_streams_wait_their_turn_and_other_requests_go_ahead(
+    site: tuple[GatewayRunner, GuardedTCPSite], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An event-stream request beyond this turn's openings waits; a plain request (and a stream
+    request that does not ask for text/event-stream) is answered meanwhile; the waiting stream is
+    answered once its turn comes."""
+    runner, tcp_site = site
+    server = runner.server
+    assert isinstance(server, JsonErrorServer)
+    turn_comes = asyncio.Event()
+    waiting = asyncio.Event()
+
+    async def wait_turn() -> None:
+        waiting.set()
+        await turn_comes.wait()
+
+    monkeypatch.setattr(server.stream_openings, "may_start", lambda: False)
+    monkeypatch.setattr(server.stream_openings, "wait_turn", wait_turn)
+    url = tcp_site.name
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+        held = asyncio.create_task(http.get(url + "/stream", headers={"Accept": "text/event-stream"}))
+        await asyncio.wait_for(waiting.wait(), WAIT)
+        async with http.get(url + "/ping") as ping:
+            assert ping.status == 200 and await ping.json() == {"ok": True}
+        async with http.get(url + "/stream") as plain:
+            assert await plain.text() == "stream"
+        assert not held.done()
+        turn_comes.set()
+        async with await asyncio.wait_for(held, WAIT) as response:
+            assert response.status == 200 and await response.text() == "stream"
+
+
+async def test_a_burst_of_connections_is_accepted_a_few_per_turn(
+    site: tuple[GatewayRunner, GuardedTCPSite], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 connections wait in the backlog (the kernel completed their handshakes while the loop
+    did not turn): they reach the server at most `ACCEPT_BATCH` per loop turn, and all are served."""
+    _runner, tcp_site = site
+    turns = Turns()
+    made: list[int] = []
+    connection_made = JsonErrorRequestHandler.connection_made
+
+    def counting(self: JsonErrorRequestHandler, transport: asyncio.BaseTransport) -> None:
+        made.append(turns.number)
+        connection_made(self, transport)
+
+    monkeypatch.setattr(JsonErrorRequestHandler, "connection_made", counting)
+    port = int(tcp_site.name.rsplit(":", 1)[1])
+    clients = [socket.create_connection(("127.0.0.1", port), timeout=WAIT) for _ in range(40)]  # no loop turn
+    try:
+        for client in clients:
+            client.sendall(b"GET /ping HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        for _ in range(10_000):  # bounded: loop turns until every connection reached the server
+            if len(made) == len(clients):
+                break
+            await asyncio.sleep(0)
+        assert len(made) == len(clients)
+        per_turn = collections.Counter(made)
+        assert max(per_turn.values()) <= http_server.ACCEPT_BATCH and len(per_turn) >= 40 // http_server.ACCEPT_BATCH
+
+        def answer(client: socket.socket) -> bytes:
+            received = b""
+            for _ in range(1000):
+                chunk = client.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+            return received
+
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(asyncio.to_thread(answer, client) for client in clients)), WAIT
+        )
+        assert all(a.startswith(b"HTTP/1.1 200") for a in answers)
+    finally:
+        turns.stop()
+        for client in clients:
+            client.close()
