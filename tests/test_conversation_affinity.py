@@ -3,9 +3,10 @@ no session hint keep their conversation.
 
 Real clients drive it (the ``openai`` SDK, LangChain's ``ChatOpenAI``, pydantic-ai's
 ``message_history``, the OpenAI Agents SDK's ``to_input_list``, raw AG-UI inputs; the Node clients
-are in tests/test_node_clients.py), three turns each, each Python client's usage non-zero, against chat-only on the fake upstream (continuity read from the upstream's request
-log: each turn's request holds the history once) and the fake ACP agent (a stateful agent: it
-stays ``native_live`` and its ``history?`` answer lists the prompts it was sent itself).
+are in tests/test_node_clients.py), three turns each, each client's usage non-zero, against
+chat-only on the fake upstream (continuity read from the upstream's request log: each turn's
+request holds the history once) and the fake ACP agent (a stateful agent: it stays
+``native_live`` and its ``history?`` answer lists the prompts it was sent itself).
 """
 
 from __future__ import annotations
