@@ -437,8 +437,8 @@ class OpenAIRoutes:
         fallback = None
         if previous is not None:
             fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
-        earlier = input_earlier(await self._referenced(request, body.get("input")))
-        plan = await self._conversation(request, agent, body, earlier, fallback)
+        history = input_earlier(await self._referenced(request, body.get("input")))
+        plan = await self._conversation(request, agent, body, history, fallback)
         run = await self._create_for(request, agent, plan, body, message, options)
         self.routes.follow_conversation(run, plan, message)
         headers = _session_headers(run, plan)
