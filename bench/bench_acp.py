@@ -13,7 +13,9 @@ process (the first turn, which starts it, is not timed); the figure is the media
 `fast`: one turn of N chunks from bench/_fast_acp_agent.py, a raw stdio ACP agent (no SDK) that
 writes as fast as it can (`--write`: pre-encoded blocks, one pre-encoded line a write, or each line
 encoded on its own; `@RATE`: at most RATE messages a second, e.g. `line@120000`, an agent at about
-the gateway's own pace). Default: `block`, `line` and `line@120000`, each agent's own rate (its
+the gateway's own pace; `/BACKLOG`: through a runtime whose `coalesce_backlog` is BACKLOG, e.g.
+`line@120000/32` beside `line@120000` to compare with the former threshold in the same invocation).
+Default: `block`, `line` and `line@120000`, each agent's own rate (its
 `--standalone` figure) printed beside its ratio. Every agent is measured in each round, rounds
 interleaved; three figures per agent and round, on warm agent processes: prompt sent
 -> prompt response read by a bare asyncio reader of the agent's stdout that (a) only counts lines
@@ -113,7 +115,10 @@ def serve_flood(data_dir: str, state_dir: str, agents: str = "flood") -> None:
             for agent in names:
                 command = FAKE_AGENT if agent == "flood" else fast_command(agent)
                 env = fake_agent_env(state_dir)
-                register(AcpRuntime(AcpAgentSpec(agent, agent, "fake", command, env=env, process_dir=ROOT)))
+                spec = AcpAgentSpec(agent, agent, "fake", command, env=env, process_dir=ROOT)
+                if "/" in agent:  # the runtime's coalesce_backlog, to compare with another in one invocation
+                    spec.coalesce_backlog = int(agent.rsplit("/", 1)[1])
+                register(AcpRuntime(spec))
 
         @hookimpl
         def session_strategy(self, runtime: Any, config: Any) -> Any:
@@ -367,15 +372,20 @@ async def fast_runs(
 
 
 def fast_command(name: str) -> list[str]:
-    """`fast-<mode>[@<rate>]` → the command of bench/_fast_acp_agent.py writing that way."""
-    mode, _, rate = name.removeprefix("fast-").partition("@")
+    """`fast-<mode>[@<rate>][/<backlog>]` → the command of bench/_fast_acp_agent.py writing that way."""
+    mode, _, rate = name.removeprefix("fast-").partition("/")[0].partition("@")
     return [sys.executable, str(HERE / "_fast_acp_agent.py"), "--mode", mode, *(["--rate", rate] if rate else [])]
 
 
 def fast_write(value: str) -> str:
-    mode, _, rate = value.partition("@")
-    if mode not in FAST_MODES or (rate and (mode == "block" or not rate.isdigit())):
-        raise argparse.ArgumentTypeError(f"{value!r}: block, line[@RATE] or encode[@RATE]")
+    write, _, backlog = value.partition("/")
+    mode, _, rate = write.partition("@")
+    if (
+        mode not in FAST_MODES
+        or (rate and (mode == "block" or not rate.isdigit()))
+        or (backlog and not backlog.isdigit())
+    ):
+        raise argparse.ArgumentTypeError(f"{value!r}: block, line[@RATE] or encode[@RATE], then [/BACKLOG]")
     return value
 
 
@@ -429,6 +439,7 @@ def bench_fast(chunks: int, repeat: int, writes: list[str]) -> dict[str, Any]:
         print(
             f"   events (SSE frames) per gateway turn: {min(figures['frames']):,.0f}-{max(figures['frames']):,.0f}, "
             f"{statistics.median(events_per_second):,.0f} events/s sustained (median)"
+            f"   (per round: {', '.join(f'{f:,.0f}' for f in figures['frames'])})"
         )
         print(
             f"   CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
