@@ -1,7 +1,7 @@
 """A fast ACP agent for the benchmarks: a raw stdio JSON-RPC writer (not the SDK).
 
-    python bench/_fast_acp_agent.py [--mode block|line|encode]    # an ACP agent on stdin/stdout
-    python bench/_fast_acp_agent.py --standalone 200000 [--mode M]  # print its own write rate, then exit
+    python bench/_fast_acp_agent.py [--mode block|line|encode] [--rate R]  # an ACP agent on stdin/stdout
+    python bench/_fast_acp_agent.py --standalone 200000 [--mode M] [--rate R]  # print its own rate, exit
 
 As an agent it answers ``initialize`` (no ``loadSession``), ``session/new`` and ``session/prompt``;
 any other request gets ``-32601``, notifications (``session/cancel``) are ignored. The first
@@ -11,6 +11,10 @@ integer in the prompt's text is N (default 20,000): the agent writes N ``session
 for any agent. ``--mode``: ``block`` (default) writes the pre-encoded line in blocks of
 ``BLOCK_LINES``; ``line`` writes it once per chunk (an agent that sends each chunk as it has it);
 ``encode`` also encodes every chunk with ``json.dumps`` (a real agent's own per-chunk work).
+``--rate R`` (``line`` and ``encode``) writes no faster than R messages a second: chunk i is due
+at i / R seconds after the first, waited for on the clock (a busy wait: no sleep is that fine), and
+written at once when the agent is late. An agent at about the gateway's own pace is the hard case:
+the gateway's reads then hold a few messages each, rarely a backlog.
 
 ``--standalone N`` writes N chunk lines through a pipe to a thread that drains it in large reads
 (``bytes.count`` in C: the reader is not the limit) and prints the lines per second, to show that
@@ -43,19 +47,23 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def write_chunks(fd: int, line: bytes, count: int, mode: str = "block") -> None:
+def write_chunks(fd: int, line: bytes, count: int, mode: str = "block", rate: float = 0.0) -> None:
     """`count` chunk lines on `fd` (a full pipe blocks the write). `block`: copies of the
     pre-encoded `line`, `BLOCK_LINES` a write; `line`: one write per chunk, as an agent that sends
     each chunk as it has it; `encode`: each chunk encoded (`json.dumps`) and written on its own, as
-    a real agent streaming a model's tokens does."""
-    if mode == "line":
-        for _ in range(count):
-            _write_all(fd, line)
-        return
-    if mode == "encode":
-        message = json.loads(line)
-        for _ in range(count):
-            _write_all(fd, (json.dumps(message, separators=(",", ":")) + "\n").encode())
+    a real agent streaming a model's tokens does. `rate` (line, encode): at most that many a second."""
+    if mode in ("line", "encode"):
+        message = json.loads(line) if mode == "encode" else None
+        clock = time.perf_counter
+        interval = 1.0 / rate if rate > 0 else 0.0
+        start = clock()
+        for i in range(count):
+            if interval:
+                due = start + i * interval
+                while clock() < due:
+                    pass
+            data = line if message is None else (json.dumps(message, separators=(",", ":")) + "\n").encode()
+            _write_all(fd, data)
         return
     block = line * BLOCK_LINES
     full, rest = divmod(count, BLOCK_LINES)
@@ -77,7 +85,7 @@ def prompt_count(params: dict[str, Any]) -> int:
     return int(match.group()) if match else DEFAULT_CHUNKS
 
 
-def serve(mode: str) -> None:
+def serve(mode: str, rate: float) -> None:
     out = sys.stdout.fileno()
     sessions = 0
     lines: dict[str, bytes] = {}
@@ -103,7 +111,7 @@ def serve(mode: str) -> None:
             lines[session_id] = chunk_line(session_id)
             result = {"sessionId": session_id}
         elif method == "session/prompt" and params.get("sessionId") in lines:
-            write_chunks(out, lines[params["sessionId"]], prompt_count(params), mode)
+            write_chunks(out, lines[params["sessionId"]], prompt_count(params), mode, rate)
             result = {"stopReason": "end_turn"}
         else:
             _write_all(
@@ -120,7 +128,7 @@ def serve(mode: str) -> None:
         _write_all(out, encode({"jsonrpc": "2.0", "id": request_id, "result": result}))
 
 
-def standalone(count: int, mode: str) -> None:
+def standalone(count: int, mode: str, rate: float) -> None:
     read_fd, write_fd = os.pipe()
     counted = [0]
 
@@ -131,13 +139,15 @@ def standalone(count: int, mode: str) -> None:
     reader = threading.Thread(target=drain)
     reader.start()
     start = time.perf_counter()
-    write_chunks(write_fd, chunk_line("fast-standalone"), count, mode)
+    write_chunks(write_fd, chunk_line("fast-standalone"), count, mode, rate)
     os.close(write_fd)
     reader.join()
     elapsed = time.perf_counter() - start
     os.close(read_fd)
     assert counted[0] == count, (counted[0], count)
     how = f"{BLOCK_LINES} pre-encoded lines a write" if mode == "block" else WRITES[mode]
+    if rate and mode != "block":
+        how += f", at most {rate:,.0f} a second"
     print(
         f"fast ACP agent ({mode}: {how}): {count:,} agent_message_chunk lines in {elapsed:.3f} s = "
         f"{count / elapsed:,.0f} lines/s"
@@ -150,12 +160,13 @@ WRITES = {"block": "", "line": "one pre-encoded line a write", "encode": "each l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=sorted(WRITES), default="block", help="how chunks are written")
+    parser.add_argument("--rate", type=float, default=0.0, help="line, encode: messages a second at most")
     parser.add_argument("--standalone", type=int, metavar="N", help="write N chunks to a pipe, print the rate, exit")
     args = parser.parse_args()
     if args.standalone:
-        standalone(args.standalone, args.mode)
+        standalone(args.standalone, args.mode, args.rate)
     else:
-        serve(args.mode)
+        serve(args.mode, args.rate)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """ACP benchmarks: the gateway's cost over a bare ACP client, and second-turn latency by session mode.
 
     python bench/bench_acp.py flood [--chunks 10000] [--repeat 5]
-    python bench/bench_acp.py fast [--chunks 60000] [--repeat 5] [--write block|line|encode ...]
+    python bench/bench_acp.py fast [--chunks 20000] [--repeat 5] [--write block|line|encode[@RATE] ...]
     python bench/bench_acp.py turns [--agent reasonix --agent hermes] [--repeat 3]
     python bench/bench_acp.py all
 
@@ -12,7 +12,12 @@ process (the first turn, which starts it, is not timed); the figure is the media
 
 `fast`: one turn of N chunks from bench/_fast_acp_agent.py, a raw stdio ACP agent (no SDK) that
 writes as fast as it can (`--write`: pre-encoded blocks, one pre-encoded line a write, or each line
-encoded on its own). Three figures per repetition, alternating, on warm agent processes: prompt sent
+encoded on its own; `@RATE`: at most RATE messages a second, e.g. `line@120000`, an agent at about
+the gateway's own pace; `/BACKLOG`: through a runtime whose `coalesce_backlog` is BACKLOG, e.g.
+`line@120000/32` beside `line@120000` to compare with the former threshold in the same invocation).
+Default: `block`, `line` and `line@120000`, each agent's own rate (its
+`--standalone` figure) printed beside its ratio. Every agent is measured in each round, rounds
+interleaved; three figures per agent and round, on warm agent processes: prompt sent
 -> prompt response read by a bare asyncio reader of the agent's stdout that (a) only counts lines
 or (b) parses every line with `json.loads` (the least any JSON-RPC client does), and (c) `POST
 /v1/runs` -> the run's terminal event on its SSE stream (a raw-socket client counting frames),
@@ -57,9 +62,7 @@ from agent_gateway.testing.fake_openai import FakeOpenAI, Reply  # noqa: E402
 FAKE_AGENT = [sys.executable, str(ROOT / "contrib" / "fake_acp_agents" / "agent.py"), "--behaviour", "flood"]
 # A raw stdio writer (bench/_fast_acp_agent.py; `--standalone N` prints its rate), by how it writes.
 FAST_MODES = ("block", "line", "encode")
-AGENTS = {"flood": FAKE_AGENT} | {
-    f"fast-{mode}": [sys.executable, str(HERE / "_fast_acp_agent.py"), "--mode", mode] for mode in FAST_MODES
-}
+FAST_DEFAULT = ["block", "line", "line@120000"]
 BINARIES = {"reasonix": ("REASONIX_BIN", "reasonix"), "hermes": ("HERMES_ACP_BIN", "hermes-acp")}
 
 
@@ -93,9 +96,10 @@ async def bare_client(chunks: int, repeat: int) -> list[float]:
     return times
 
 
-def serve_flood(data_dir: str, state_dir: str, agent: str = "flood") -> None:
-    """A gateway process with the fake flood agent (or `fast`: bench/_fast_acp_agent.py) as ACP runtime
-    `flood` (the `serve-flood` mode), the garbage collector tuned as `agent-gateway serve` does."""
+def serve_flood(data_dir: str, state_dir: str, agents: str = "flood") -> None:
+    """A gateway process with the fake flood agent as ACP runtime `flood`, or the comma-separated
+    `fast-<mode>[@<rate>]` agents (bench/_fast_acp_agent.py) each as a runtime of that id (the
+    `serve-flood` mode), the garbage collector tuned as `agent-gateway serve` does."""
     from aiohttp import web
 
     from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime, AcpSessionStrategy
@@ -108,13 +112,19 @@ def serve_flood(data_dir: str, state_dir: str, agent: str = "flood") -> None:
     class FloodPlugin:
         @hookimpl
         def register_runtimes(self, register: Any, config: Any) -> None:
-            command = AGENTS[agent]
-            spec = AcpAgentSpec("flood", "Flood", "fake", command, env=fake_agent_env(state_dir), process_dir=ROOT)
-            register(AcpRuntime(spec))
+            for agent in names:
+                command = FAKE_AGENT if agent == "flood" else fast_command(agent)
+                env = fake_agent_env(state_dir)
+                spec = AcpAgentSpec(agent, agent, "fake", command, env=env, process_dir=ROOT)
+                if "/" in agent:  # the runtime's coalesce_backlog, to compare with another in one invocation
+                    spec.coalesce_backlog = int(agent.rsplit("/", 1)[1])
+                register(AcpRuntime(spec))
 
         @hookimpl
         def session_strategy(self, runtime: Any, config: Any) -> Any:
-            return AcpSessionStrategy() if runtime.agent_id == "flood" else None
+            return AcpSessionStrategy() if runtime.agent_id in names else None
+
+    names = agents.split(",")
 
     async def main() -> None:
         overrides = {"gateway": {"data_dir": data_dir}, "reasonix": {"enabled": False}, "hermes": {"enabled": False}}
@@ -268,12 +278,19 @@ class BareReader:
         await self.proc.wait()
 
 
-async def sse_turn(http: aiohttp.ClientSession, url: str, chunks: int, mode: str = "native_live") -> dict[str, Any]:
+async def sse_turn(
+    http: aiohttp.ClientSession, url: str, chunks: int, mode: str = "native_live", agent: str = "flood"
+) -> dict[str, Any]:
     """POST a run, read its SSE stream on a raw socket to the terminal event (frames counted with
     `bytes.count`, so that this client is not the bottleneck); then check the text and the receipt."""
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    body = {"requestId": uuid.uuid4().hex, "agentId": "flood", "sessionId": "bench", "message": f"flood {chunks}"}
+    body = {
+        "requestId": uuid.uuid4().hex,
+        "agentId": agent,
+        "sessionId": f"bench-{agent}",
+        "message": f"flood {chunks}",
+    }
     start = time.perf_counter()
     async with http.post(f"{url}/v1/runs", json=body) as response:
         assert response.status == 201, await response.text()
@@ -315,52 +332,77 @@ def own_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def fast_runs(url: str, server_pid: int, agent: list[str], chunks: int, repeat: int) -> dict[str, list[float]]:
-    """Alternating turns. Besides wall times, the CPU seconds each side spent: the bare reader's (this
-    process) and the gateway process's (every thread; not the SSE client's): less sensitive than
-    wall time to other load on the machine."""
-    results: dict[str, list[float]] = {
-        "count": [],
-        "parse": [],
-        "gateway": [],
-        "frames": [],
-        "parse_cpu": [],
-        "gateway_cpu": [],
-    }
-    bares = {mode: BareReader(mode, agent) for mode in ("count", "parse")}
-    for bare in bares.values():
-        await bare.start()
-        await bare.turn(100)  # warm-up
+async def fast_runs(
+    url: str, server_pid: int, agents: list[str], chunks: int, repeat: int
+) -> dict[str, dict[str, list[float]]]:
+    """Interleaved rounds: in each, every agent's three figures one after the other. Besides wall
+    times, the CPU seconds each side spent: the bare reader's (this process) and the gateway
+    process's (every thread; not the SSE client's): less sensitive than wall time to other load on
+    the machine."""
+    keys = ("count", "parse", "gateway", "frames", "parse_cpu", "gateway_cpu")
+    results = {name: {key: [] for key in keys} for name in agents}
+    bares = {name: {mode: BareReader(mode, fast_command(name)) for mode in ("count", "parse")} for name in agents}
+    for readers in bares.values():
+        for bare in readers.values():
+            await bare.start()
+            await bare.turn(100)  # warm-up
     timeout = aiohttp.ClientTimeout(total=600)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            await sse_turn(http, url, 100, "new_session")  # starts the agent process: not timed
-            for _ in range(repeat):  # alternating, so that each figure sees the same load
-                for mode, bare in bares.items():
-                    cpu = own_cpu()
-                    results[mode].append(await bare.turn(chunks))
-                    if mode == "parse":
-                        results["parse_cpu"].append(own_cpu() - cpu)
-                cpu = process_cpu(server_pid)
-                turn = await sse_turn(http, url, chunks)
-                results["gateway"].append(turn["elapsed"])
-                results["gateway_cpu"].append(process_cpu(server_pid) - cpu)  # (read at once: the run has ended)
-                results["frames"].append(turn["frames"])
+            for name in agents:
+                await sse_turn(http, url, 100, "new_session", name)  # starts the agent process: not timed
+            for _ in range(repeat):  # interleaved, so that each figure sees the same load
+                for name in agents:
+                    figures = results[name]
+                    for mode, bare in bares[name].items():
+                        cpu = own_cpu()
+                        figures[mode].append(await bare.turn(chunks))
+                        if mode == "parse":
+                            figures["parse_cpu"].append(own_cpu() - cpu)
+                    cpu = process_cpu(server_pid)
+                    turn = await sse_turn(http, url, chunks, agent=name)
+                    figures["gateway"].append(turn["elapsed"])
+                    figures["gateway_cpu"].append(process_cpu(server_pid) - cpu)  # (read at once: the run has ended)
+                    figures["frames"].append(turn["frames"])
     finally:
-        for bare in bares.values():
-            await bare.close()
+        for readers in bares.values():
+            for bare in readers.values():
+                await bare.close()
     return results
 
 
-def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str, Any]:
-    agent = AGENTS[f"fast-{write_mode}"]
-    agent_rate = subprocess.run(
-        [*agent, "--standalone", str(max(chunks, 200_000))], capture_output=True, text=True, check=True
-    ).stdout.strip()
+def fast_command(name: str) -> list[str]:
+    """`fast-<mode>[@<rate>][/<backlog>]` → the command of bench/_fast_acp_agent.py writing that way."""
+    mode, _, rate = name.removeprefix("fast-").partition("/")[0].partition("@")
+    return [sys.executable, str(HERE / "_fast_acp_agent.py"), "--mode", mode, *(["--rate", rate] if rate else [])]
+
+
+def fast_write(value: str) -> str:
+    write, _, backlog = value.partition("/")
+    mode, _, rate = write.partition("@")
+    if (
+        mode not in FAST_MODES
+        or (rate and (mode == "block" or not rate.isdigit()))
+        or (backlog and not backlog.isdigit())
+    ):
+        raise argparse.ArgumentTypeError(f"{value!r}: block, line[@RATE] or encode[@RATE], then [/BACKLOG]")
+    return value
+
+
+def bench_fast(chunks: int, repeat: int, writes: list[str]) -> dict[str, Any]:
+    """Every agent of `writes` (`<mode>[@<rate>]`) against its own bare readers, through one gateway
+    process that runs each as its own ACP runtime, rounds interleaved across the agents."""
+    agents = [f"fast-{write}" for write in writes]
+    own_rates = {
+        name: subprocess.run(
+            [*fast_command(name), "--standalone", str(max(chunks, 200_000))], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for name in agents
+    }
     load_before = Path("/proc/loadavg").read_text().split()[0]
     with tempfile.TemporaryDirectory() as data_dir, tempfile.TemporaryDirectory() as state_dir:
         server = subprocess.Popen(
-            [sys.executable, __file__, "serve-flood", data_dir, state_dir, f"fast-{write_mode}"],
+            [sys.executable, __file__, "serve-flood", data_dir, state_dir, ",".join(agents)],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -369,41 +411,50 @@ def bench_fast(chunks: int, repeat: int, write_mode: str = "block") -> dict[str,
         try:
             assert server.stdout is not None
             url = server.stdout.readline().strip()
-            results = asyncio.run(fast_runs(url, server.pid, agent, chunks, repeat))
+            results = asyncio.run(fast_runs(url, server.pid, agents, chunks, repeat))
         finally:
             server.terminate()
             server.wait(timeout=30)
     load_after = Path("/proc/loadavg").read_text().split()[0]
-    medians = {key: statistics.median(values) for key, values in results.items()}
-    pairs = [g / b for g, b in zip(results["gateway"], results["parse"], strict=True)]
     print(
-        f"== fast ({write_mode}): one turn of {chunks:,} chunks from bench/_fast_acp_agent.py --mode {write_mode}, "
-        f"median of {repeat} alternating runs"
-        f" (load {load_before} -> {load_after})"
+        f"== fast: one turn of {chunks:,} chunks from bench/_fast_acp_agent.py, {len(agents)} agents, "
+        f"median of {repeat} interleaved rounds (load {load_before} -> {load_after})"
     )
-    print(agent_rate)
-    for key, label in (
-        ("count", "bare reader, lines counted"),
-        ("parse", "bare reader, json.loads per line"),
-        ("gateway", "gateway, journalled, 1 SSE client"),
-    ):
-        runs = ", ".join(f"{t:.3f}" for t in results[key])
-        print(f"{label:36s} {medians[key]:.3f} s  {chunks / medians[key]:>10,.0f} chunks/s   ({runs})")
-    events_per_second = [f / t for f, t in zip(results["frames"], results["gateway"], strict=True)]
-    print(
-        f"events (SSE frames) per gateway turn: {min(results['frames']):,.0f}-{max(results['frames']):,.0f}, "
-        f"{statistics.median(events_per_second):,.0f} events/s sustained (median)"
-    )
-    print(
-        f"CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
-        f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)"
-    )
-    print(
-        f"ratio gateway / bare (json.loads): {medians['gateway'] / medians['parse']:.2f}"
-        f"   (per alternation: {', '.join(f'{r:.2f}' for r in pairs)})"
-    )
-    print(f"ratio gateway / bare (lines counted): {medians['gateway'] / medians['count']:.2f}")
-    return {"results": results, "medians": medians, "pairs": pairs}
+    summary: dict[str, Any] = {}
+    for name in agents:
+        figures = results[name]
+        medians = {key: statistics.median(values) for key, values in figures.items()}
+        pairs = [g / b for g, b in zip(figures["gateway"], figures["parse"], strict=True)]
+        ratio = medians["gateway"] / medians["parse"]
+        summary[name] = {"results": figures, "medians": medians, "pairs": pairs, "ratio": ratio}
+        print(f"-- {name}: {own_rates[name]}")
+        for key, label in (
+            ("count", "bare reader, lines counted"),
+            ("parse", "bare reader, json.loads per line"),
+            ("gateway", "gateway, journalled, 1 SSE client"),
+        ):
+            runs = ", ".join(f"{t:.3f}" for t in figures[key])
+            print(f"   {label:36s} {medians[key]:.3f} s  {chunks / medians[key]:>10,.0f} chunks/s   ({runs})")
+        events_per_second = [f / t for f, t in zip(figures["frames"], figures["gateway"], strict=True)]
+        print(
+            f"   events (SSE frames) per gateway turn: {min(figures['frames']):,.0f}-{max(figures['frames']):,.0f}, "
+            f"{statistics.median(events_per_second):,.0f} events/s sustained (median)"
+            f"   (per round: {', '.join(f'{f:,.0f}' for f in figures['frames'])})"
+        )
+        print(
+            f"   CPU per chunk: bare reader (json.loads) {1e6 * medians['parse_cpu'] / chunks:.2f} µs, "
+            f"gateway process {1e6 * medians['gateway_cpu'] / chunks:.2f} µs (all threads; clock ticks of 10 ms)"
+        )
+        print(
+            f"   ratio gateway / bare (json.loads): {ratio:.2f}"
+            f"   (per round: {', '.join(f'{r:.2f}' for r in pairs)});"
+            f" lines counted: {medians['gateway'] / medians['count']:.2f}"
+        )
+    print("summary: agent (its own rate): gateway / bare json.loads reader")
+    for name in agents:
+        rate = own_rates[name].rsplit("=", 1)[-1].strip()
+        print(f"   {name:22s} ({rate}): {summary[name]['ratio']:.2f}")
+    return summary
 
 
 # -- 2. second-turn latency by session mode, real agents -------------------------------------------
@@ -508,18 +559,20 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("which", choices=("flood", "fast", "turns", "all"))
-    parser.add_argument("--chunks", type=int, default=0, help="default: 10,000 for flood, 60,000 for fast")
+    parser.add_argument("--chunks", type=int, default=0, help="default: 10,000 for flood, 20,000 for fast")
     parser.add_argument("--repeat", type=int, default=0, help="default: 5 for flood, 3 for turns")
     parser.add_argument("--agent", action="append", choices=sorted(BINARIES), help="default: both")
     parser.add_argument(
-        "--write", action="append", choices=FAST_MODES, help="fast: how the agent writes (default: every mode)"
+        "--write",
+        action="append",
+        type=fast_write,
+        help=f"fast: how an agent writes, {'|'.join(FAST_MODES)}[@RATE] (default: {' '.join(FAST_DEFAULT)})",
     )
     args = parser.parse_args()
     if args.which in ("flood", "all"):
         bench_flood(args.chunks or 10_000, args.repeat or 5)
     if args.which in ("fast", "all"):
-        for write_mode in args.write or FAST_MODES:
-            bench_fast(args.chunks or 60_000, args.repeat or 5, write_mode)
+        bench_fast(args.chunks or 20_000, args.repeat or 5, args.write or FAST_DEFAULT)
     if args.which in ("turns", "all"):
         bench_turns(args.agent or sorted(BINARIES), args.repeat or 3)
 

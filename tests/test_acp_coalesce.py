@@ -1,22 +1,27 @@
 """An ACP agent that gets ahead of the gateway has its backlog of text chunks journalled joined.
 
-When one read of the agent's stdout brings `coalesce_backlog` updates or more (they waited in the
-pipe), consecutive `message.delta` / `thought.delta` payloads that differ only in `text` become one
-event: the same text in the same order, every other update still its own event, back-pressure as
-before. An agent the gateway keeps up with gets one event per update.
+When one read of the agent's stdout brings `coalesce_backlog` updates or more (by default two: the
+second waited in the pipe while the gateway handled the first), consecutive `message.delta` /
+`thought.delta` payloads that differ only in `text` become one event: the same text in the same
+order, every other update (tool calls, plans) still its own event in place, back-pressure as
+before. A paced agent (one update, then a pause) gets one event per update.
 
 The agent is a raw stdio JSON-RPC writer (a script written by the test, not the SDK): it writes a
-turn's updates either in one `write` (a backlog) or one at a time, paced (an agent the gateway
-keeps up with).
+turn's updates in one `write` (a backlog), one `write` per message as fast as it can (as Node
+agents do), or gated by the test: a few updates in one `write`, then nothing until the gateway has
+handled them (the test opens the gate from the runtime's update handler: no timing involved).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import uuid
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from agent_gateway.acp import client as acp_client
 from agent_gateway.acp.mapping import coalesce_updates
@@ -27,9 +32,11 @@ from tests._harness import MakeGateway, check_delivery, delta_text_of, events_pa
 AGENT = "raw-acp"
 
 # "backlog N" writes N rounds of three message chunks, one thought chunk and (every 100th round) a
-# tool call, all in one write; "paced N" writes N message chunks one at a time, 5 ms apart.
+# tool call and a plan, all in one write; "lines N" the same, one write per message; "gated N K"
+# writes N times K message chunks in one write, each time waiting for a byte on the FIFO `gate` in
+# the folder given as its argument before the next write (and before the prompt's answer).
 RAW_AGENT = r"""
-import json, os, sys, time
+import json, os, sys
 
 def line(message):
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
@@ -55,9 +62,9 @@ for raw in sys.stdin.buffer:
     elif method == "session/new":
         result = {"sessionId": "raw-1"}
     elif method == "session/prompt":
-        mode, count = params["prompt"][0]["text"].split()
+        mode, count = params["prompt"][0]["text"].split()[:2]
         session_id = params["sessionId"]
-        if mode == "backlog":
+        if mode in ("backlog", "lines"):
             parts = []
             for i in range(int(count)):
                 parts += [chunk(session_id, "agent_message_chunk", f"{i}{letter},") for letter in "abc"]
@@ -65,11 +72,20 @@ for raw in sys.stdin.buffer:
                 if i % 100 == 99:
                     tool_call = {"sessionUpdate": "tool_call", "toolCallId": f"t{i}", "title": "x"}
                     parts.append(update(session_id, tool_call))
-            write(b"".join(parts))
+                    plan = {"sessionUpdate": "plan", "entries": [{"content": f"p{i}", "status": "pending"}]}
+                    parts.append(update(session_id, plan))
+            if mode == "backlog":
+                write(b"".join(parts))
+            else:
+                for part in parts:
+                    write(part)
         else:
-            for i in range(int(count)):
-                write(chunk(session_id, "agent_message_chunk", f"{i},"))
-                time.sleep(0.005)
+            per = int(params["prompt"][0]["text"].split()[2])
+            with open(os.path.join(sys.argv[1], "gate"), "rb", buffering=0) as gate:
+                for i in range(int(count)):
+                    write(b"".join(chunk(session_id, "agent_message_chunk", f"{i}.{k},") for k in range(per)))
+                    if gate.read(1) != b"g":
+                        sys.exit("the gate closed")
         result = {"stopReason": "end_turn"}
     else:
         write(line({"jsonrpc": "2.0", "id": message["id"], "error": {"code": -32601, "message": method}}))
@@ -85,13 +101,15 @@ class RawAgentPlugin:
 
     @hookimpl
     def register_runtimes(self, register: Any, config: Any) -> None:
-        command = [sys.executable, str(self.script)]
+        # The gate's folder as an argument: an absolute path the sandbox lets the agent read.
+        command = [sys.executable, str(self.script), str(self.script.parent / "gate-dir")]
         register(AcpRuntime(AcpAgentSpec(AGENT, "Raw ACP", "fake-acp", command, **self.spec)))
 
 
 async def _gateway(make_gateway: MakeGateway, tmp_path: Path, **spec: Any) -> Any:
     script = tmp_path / "raw_agent.py"
     script.write_text(RAW_AGENT)
+    (tmp_path / "gate-dir").mkdir()
     return await make_gateway(extra_plugins=(RawAgentPlugin(script, **spec),))
 
 
@@ -138,9 +156,12 @@ def test_consecutive_text_deltas_of_one_kind_and_equal_fields_are_joined() -> No
     assert coalesce_updates([]) == []
 
 
+@pytest.mark.parametrize("writes", ["backlog", "lines"])
 async def test_a_backlog_is_journalled_joined_in_order_with_back_pressure(
-    make_gateway: MakeGateway, tmp_path: Path
+    make_gateway: MakeGateway, tmp_path: Path, writes: str
 ) -> None:
+    """`backlog`: the turn in one write; `lines`: one write per message, as fast as the agent can
+    (how many share a read is up to the machine: the journal must be exact whatever it is)."""
     client = await _gateway(make_gateway, tmp_path)
     gw = gateway_of(client)
     # Storage may hold one event in waiting: the appends of a read wait for room (the reader awaits
@@ -154,40 +175,100 @@ async def test_a_backlog_is_journalled_joined_in_order_with_back_pressure(
         await emit_waiting(binding, turn, events)
 
     gw.runtimes[AGENT]._emit_waiting = counting  # type: ignore[method-assign]
-    rounds = 2000  # 8,020 updates (1.4 MB): more than the agent's stdout pipe holds at once
-    receipt, received = await run_to_end(client, _body(f"backlog {rounds}"))
+    rounds = 2000  # 8,040 updates (1.4 MB): more than the agent's stdout pipe holds at once
+    receipt, received = await run_to_end(client, _body(f"{writes} {rounds}"))
     assert received[-1]["event"] == "run.completed"
     journal = await events_page(client, receipt["hostRunId"])
     check_delivery(received, journal)
 
-    message = "".join(f"{i}{letter}," for i in range(rounds) for letter in "abc")
+    def message_upto(last: int) -> str:
+        return "".join(f"{i}{letter}," for i in range(last + 1) for letter in "abc")
+
+    message = message_upto(rounds - 1)
     thought = "".join(f"{i};" for i in range(rounds))
     assert delta_text_of(journal, "message.delta", wire=True) == message
     assert delta_text_of(journal, "thought.delta", wire=True) == thought
     completed = [e["payload"]["text"] for e in journal if e["kind"] == "message.completed"]
     assert completed == [message]
-    # Every tool call is its own event, between the deltas the agent sent before and after it.
+    # Every tool call and plan is its own event, right after the deltas the agent sent before it
+    # and before those it sent after it.
     tools = [i for i, e in enumerate(journal) if e["kind"] == "tool.started"]
     assert [journal[i]["payload"]["toolCallId"] for i in tools] == [f"t{i}" for i in range(99, rounds, 100)]
+    plans = [i for i, e in enumerate(journal) if e["kind"] == "plan.updated"]
+    assert [journal[i]["payload"]["entries"][0]["content"] for i in plans] == [f"p{i}" for i in range(99, rounds, 100)]
+    assert plans == [i + 1 for i in tools]
     for index in tools:
-        round_number = int(journal[index]["payload"]["toolCallId"][1:])
-        before = delta_text_of(journal[:index], "thought.delta", wire=True)
-        assert before.endswith(f"{round_number};") and f"{round_number + 1};" not in before
-    # Joined: fewer delta events than chunks (a message and a thought run alternate, so at most one
-    # event per run of each kind), and the reader waited for room at least once.
+        last = int(journal[index]["payload"]["toolCallId"][1:])  # the round the tool call ends
+        before = journal[:index]
+        assert delta_text_of(before, "message.delta", wire=True) == message_upto(last)
+        assert delta_text_of(before, "thought.delta", wire=True) == "".join(f"{i};" for i in range(last + 1))
     deltas = [e for e in journal if e["kind"] in ("message.delta", "thought.delta")]
-    assert len(deltas) < 4 * rounds
     assert all(e["source"] == AGENT for e in deltas)
-    assert waits, "storage never made the reader wait: the back-pressure path was not taken"
+    if writes == "backlog":
+        # Joined: fewer delta events than chunks (a message and a thought run alternate, so at most
+        # one event per run of each kind), and the reader waited for room at least once.
+        assert len(deltas) < 4 * rounds
+        assert waits, "storage never made the reader wait: the back-pressure path was not taken"
+    else:
+        assert len(deltas) <= 4 * rounds
 
 
-async def test_an_agent_the_gateway_keeps_up_with_gets_one_event_per_update(
-    make_gateway: MakeGateway, tmp_path: Path
-) -> None:
+def _gate_updates(client: Any, tmp_path: Path) -> list[int]:
+    """Open the agent's gate once the gateway has handled each read of its updates (after the
+    runtime's handler has journalled them, or its awaitable has): the agent writes nothing more
+    until then. Returns the list of the updates per read, filled as they come."""
+    gate_path = tmp_path / "gate-dir" / "gate"
+    os.mkfifo(gate_path)
+    gate = os.open(gate_path, os.O_RDWR | os.O_NONBLOCK)  # read-write: never blocks, holds the FIFO open
+    runtime = gateway_of(client).runtimes[AGENT]
+    on_updates = runtime._on_updates
+    reads: list[int] = []
+
+    def release() -> None:
+        os.write(gate, b"g")
+
+    def gated(binding: Any, updates: list[tuple[str, Any]]) -> Any:
+        result = on_updates(binding, updates)
+        if binding.turn is None or not updates:
+            return result
+        reads.append(len(updates))
+        if result is None:
+            release()
+            return None
+
+        async def then_release() -> None:
+            await result
+            release()
+
+        return then_release()
+
+    runtime._on_updates = gated
+    return reads
+
+
+async def test_a_paced_agent_gets_one_event_per_update(make_gateway: MakeGateway, tmp_path: Path) -> None:
+    """One update, then nothing until the gateway has handled it: each read holds one update, and
+    each update is its own event, in order."""
     client = await _gateway(make_gateway, tmp_path)
-    receipt, _ = await run_to_end(client, _body("paced 40"))
+    reads = _gate_updates(client, tmp_path)
+    receipt, received = await run_to_end(client, _body("gated 40 1"))
+    assert received[-1]["event"] == "run.completed"
     journal = await events_page(client, receipt["hostRunId"])
-    assert [e["payload"]["text"] for e in journal if e["kind"] == "message.delta"] == [f"{i}," for i in range(40)]
+    assert reads == [1] * 40
+    assert [e["payload"]["text"] for e in journal if e["kind"] == "message.delta"] == [f"{i}.0," for i in range(40)]
+
+
+async def test_two_updates_in_one_read_are_one_event(make_gateway: MakeGateway, tmp_path: Path) -> None:
+    """Two chunks in one write (they reach the gateway in one read): the smallest backlog, joined."""
+    client = await _gateway(make_gateway, tmp_path)
+    reads = _gate_updates(client, tmp_path)
+    receipt, received = await run_to_end(client, _body("gated 40 2"))
+    assert received[-1]["event"] == "run.completed"
+    journal = await events_page(client, receipt["hostRunId"])
+    assert reads == [2] * 40
+    assert [e["payload"]["text"] for e in journal if e["kind"] == "message.delta"] == [
+        f"{i}.0,{i}.1," for i in range(40)
+    ]
 
 
 async def test_coalescing_can_be_turned_off(make_gateway: MakeGateway, tmp_path: Path) -> None:

@@ -73,9 +73,12 @@ log = logging.getLogger("agent_gateway.acp.runtime")
 
 STANDARD_COMPLETIONS = {"end_turn", "max_tokens", "max_turn_requests"}
 # Updates in one read of the agent's stdout from which its consecutive text deltas are journalled
-# joined: an agent this far ahead of the gateway (its updates waited in the pipe) has its backlog
-# merged, as a lagging client's stream is; one the gateway keeps up with gets one event per update.
-COALESCE_BACKLOG = 32
+# joined. Two: a second update in the same read waited in the pipe while the gateway handled the
+# first, so the agent is ahead and its backlog is merged, as a lagging client's stream is, whatever
+# its write pattern (an agent writing one line per write at about the gateway's pace leaves a few
+# updates per read, rarely 32). A paced agent (one update, then a pause) is read one update at a
+# time and gets one event per update.
+COALESCE_BACKLOG = 2
 # Deletes an agent session (offered when `initialize` declares sessionCapabilities.delete).
 ACP_DELETE_METHOD = "session/delete"
 ALLOW_KINDS = ("allow_once", "allow_always")
