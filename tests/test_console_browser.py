@@ -526,9 +526,10 @@ async def test_markdown_renders_with_highlighted_code_and_copy_buttons_and_xss_s
     await page.locator("article.run").nth(0).locator(".msg-actions .copy").last.click()
     assert await page.evaluate("navigator.clipboard.readText()") == MARKDOWN_ANSWER
     if phone:
-        for locator in (page.locator("#conversation"), answer):
-            box = await locator.bounding_box()
-            assert box is not None and box["width"] >= 300 or locator is answer
+        # with a table and a code block in it, the message area keeps its width and the page scrolls
+        # only vertically (wide content scrolls inside its own block)
+        box = await page.locator("#conversation").bounding_box()
+        assert box is not None and box["width"] >= 300
         assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
         # the sidebar opens over the conversation and folds away when a session is chosen
         await page.click("#toggle-sidebar")
@@ -548,7 +549,10 @@ async def test_markdown_renders_with_highlighted_code_and_copy_buttons_and_xss_s
     assert hrefs == [None, None, "https://example.org/"]
     await expect(evil.locator("a", has_text="click me")).not_to_have_attribute("href", re.compile("."))
     # the image failed to load (its error event has fired) and nothing ran
-    await page.wait_for_function("document.querySelectorAll('.bubble.assistant img').length === 1 && document.querySelector('.bubble.assistant img').complete")
+    await page.wait_for_function(
+        "document.querySelectorAll('.bubble.assistant img').length === 1"
+        " && document.querySelector('.bubble.assistant img').complete"
+    )
     await evil.locator("a", has_text="click me").click()
     assert await page.evaluate("window.__xss") is None
     assert dialogs == []
@@ -558,9 +562,7 @@ async def test_markdown_renders_with_highlighted_code_and_copy_buttons_and_xss_s
     assert await page.evaluate("document.getElementById('message').closest('#composer') !== null")
 
 
-async def test_dark_mode_follows_the_system_setting(
-    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
-) -> None:
+async def test_dark_mode_follows_the_system_setting(browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any) -> None:
     gateway = await start_gateway(fake_llm.base_url)
     page = await open_console(browser, gateway.url, color_scheme="light")
     background = "getComputedStyle(document.body).backgroundColor"
@@ -649,7 +651,9 @@ async def test_each_run_keeps_its_status_hash_navigation_grouping_and_pinning(
     await expect(page.locator("#sessions h3")).to_have_text(["Today"])
     await page.locator(f"#sessions .session[data-session-id='{first_session}'] .pin-toggle").click()
     await expect(page.locator("#sessions h3")).to_have_text(["Pinned", "Today"])
-    await expect(page.locator("#sessions [data-group='Pinned'] .session")).to_have_attribute("data-session-id", first_session or "")
+    await expect(page.locator("#sessions [data-group='Pinned'] .session")).to_have_attribute(
+        "data-session-id", first_session or ""
+    )
     listed = await api(gateway.url, "GET", "/v1/sessions")
     assert {s["sessionId"]: s["pinned"] for s in listed["sessions"]}[first_session] is True
     # the header's Pin acts on the open session
