@@ -81,8 +81,12 @@ async def start_gateway(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
             await gateway.stop()
 
 
-async def open_console(browser: Browser, url: str) -> Page:
-    page = await browser.new_page(viewport={"width": 1280, "height": 860})
+DESKTOP = {"width": 1280, "height": 860}
+PHONE = {"width": 390, "height": 844}
+
+
+async def open_console(browser: Browser, url: str, viewport: dict[str, int] = DESKTOP, **options: Any) -> Page:
+    page = await browser.new_page(viewport=viewport, **options)  # type: ignore[arg-type]
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.set_default_timeout(WAIT_MS)
@@ -119,7 +123,7 @@ async def test_the_second_turn_only_says_yes_and_the_answer_uses_the_first(
     page = await open_console(browser, gateway.url)
     await send(page, "The fence looks dull.")
     await expect(page.locator(".bubble.assistant").nth(0)).to_have_text("Shall I paint the fence blue?")
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     await send(page, "可以")
     await expect(page.locator(".bubble.assistant").nth(1)).to_have_text("Painting the fence blue now.")
     second = fake_llm.requests[1]["messages"]
@@ -142,7 +146,7 @@ async def test_3000_thought_deltas_then_the_end_clear_the_busy_state(
     # 3,000 one-character frames go through the upstream, the journal, the stream and the page:
     # on a loaded 2-core machine that alone can take longer than one ordinary wait.
     await expect(page.locator(".bubble.assistant")).to_have_text("All thought through.", timeout=4 * WAIT_MS)
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     await expect(page.locator("#h-busy")).to_be_hidden()
     await expect(page.locator("#cancel")).to_be_hidden()
     # Thoughts are folded, never in the answer, and none was lost.
@@ -164,7 +168,7 @@ async def test_a_load_with_replay_after_a_restart_shows_no_duplicated_bubbles(
     page = await open_console(browser, first.url)
     await send(page, "first question", agent="fake")
     await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question"])
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     session_url = page.url
     await first.stop()
     second = await start_gateway(acp=agent, acp_table=writable)
@@ -172,7 +176,7 @@ async def test_a_load_with_replay_after_a_restart_shows_no_duplicated_bubbles(
     await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question"])
     await send(page, "second question", agent="fake")
     await expect(page.locator("#h-mode")).to_have_text("loaded")
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     await expect(page.locator(".bubble.user")).to_have_text(["first question", "second question"])
     await expect(page.locator(".bubble.assistant")).to_have_text(["echo: first question", "echo: second question"])
     await page.reload()
@@ -185,12 +189,12 @@ async def test_a_permission_is_answered_from_the_page(browser: Browser, start_ga
     page = await open_console(browser, gateway.url)
     await send(page, "write the file", agent="fake")
     card = page.locator(".card.permission")
-    await expect(page.locator("#h-status")).to_have_text("awaiting_permission")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "awaiting_permission")
     await card.get_by_role("button", name="allow", exact=False).first.click()
     await expect(card.locator(".decision")).to_contain_text("allow_once")
     await expect(page.locator(".bubble.assistant")).to_have_text("permission: allow_once")
     await expect(page.locator(".card.tool")).to_have_count(1)
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
 
 
 async def test_sessions_list_detail_search_export_rename_delete(
@@ -248,7 +252,7 @@ async def test_a_reload_mid_stream_loses_and_doubles_no_text(
     await page.reload()
     await expect(page.locator("body[data-ready=true]")).to_have_count(1)
     await expect(page.locator("#h-busy")).to_be_visible()  # found the active run and follows it
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     await expect(page.locator(".bubble.assistant")).to_have_text(answer)
     await expect(page.locator("#h-busy")).to_be_hidden()
     await expect(page.locator("article.run")).to_have_count(1)
@@ -269,13 +273,13 @@ async def test_the_gateway_killed_and_restarted_under_an_open_page(
     await expect(page.locator("#h-conn")).to_be_visible()  # the page knows it lost the stream
     second = await start_gateway(fake_llm.base_url, port=port)
     assert second.url == first.url
-    await expect(page.locator("#h-status")).to_have_text("interrupted")
-    await expect(page.locator(".run-status")).to_contain_text("interrupted")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "interrupted")
+    await expect(page.locator(".run-status")).to_contain_text("Interrupted")
     await expect(page.locator("#h-busy")).to_be_hidden()
     await expect(page.locator("#h-conn")).to_be_hidden()
     await send(page, "and now?")
     await expect(page.locator(".bubble.assistant").nth(1)).to_have_text("Back in business.")
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
 
 
 async def test_the_settings_form_comes_from_the_descriptor_and_saves_preferences(
@@ -293,7 +297,7 @@ async def test_the_settings_form_comes_from_the_descriptor_and_saves_preferences
     saved = await api(gateway.url, "GET", "/v1/preferences")
     assert saved["values"] == {"ai.agent.chat-only.model": "bigger-model"}  # only what changed
     await send(page, "which model?")
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     assert fake_llm.requests[-1]["model"] == "bigger-model"
 
 
@@ -414,7 +418,7 @@ async def test_the_transcript_parts_render_on_both_backends(
     url = str(client.make_url("")).rstrip("/")
     page = await open_console(browser, url)
     await send(page, "How do I paint the fence?", agent="showcase")
-    await expect(page.locator("#h-status")).to_have_text("completed")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
     await expect(page.locator(".bubble.assistant")).to_have_text("Two coats, a day apart.")
     await expect(page.locator("details.thoughts")).to_contain_text("Thoughts (1 chunk)")
     await expect(page.locator(".card.plan li")).to_have_text(["Read the guide", "Write the notes"])
@@ -448,3 +452,215 @@ async def test_an_unavailable_agent_is_shown_disabled_with_its_reason(
     await expect(option).to_contain_text("unavailable: no-such-binary-xyz not found")
     await expect(page.locator("#agent option[value='chat-only']")).to_be_enabled()
     assert await page.locator("#agent").input_value() != "reasonix"
+
+
+MARKDOWN_ANSWER = """# Fence plan
+
+Use **two coats** of paint:
+
+- sand the boards
+- paint a day apart
+
+| coat | colour |
+|---|---|
+| first | primer |
+| second | blue |
+
+```python
+def coats(days: int) -> str:
+    return "blue" * days
+```
+
+Read [the guide](https://example.org/fence).
+"""
+CODE = 'def coats(days: int) -> str:\n    return "blue" * days'
+# Markdown an agent might be tricked into writing: every part must render inert.
+XSS_ANSWER = """Careful <img src=x onerror="window.__xss = 1; alert(1)"> here.
+
+[click me](javascript:window.__xss=2) and [data](data:text/html,<script>alert(3)</script>)
+
+<script>window.__xss = 4</script>
+
+<a href="https://example.org/" onclick="window.__xss = 5">a link</a>
+<iframe src="javascript:window.__xss=6"></iframe>
+<textarea id="message">not the composer</textarea>
+<form action="https://evil.test/"><button>send</button></form>
+"""
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+async def test_markdown_renders_with_highlighted_code_and_copy_buttons_and_xss_stays_inert(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any, viewport: dict[str, int]
+) -> None:
+    fake_llm.add(MARKDOWN_ANSWER)
+    fake_llm.add(XSS_ANSWER)
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url, viewport, permissions=["clipboard-read", "clipboard-write"])
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    phone = viewport is PHONE
+    if phone:  # the sidebar starts folded away; the conversation keeps the width
+        await expect(page.locator("#sidebar")).to_be_hidden()
+        box = await page.locator("#conversation").bounding_box()
+        assert box is not None and box["width"] >= 300
+    await send(page, "How do I paint the fence?")
+    answer = page.locator(".bubble.assistant").nth(0)
+    await expect(answer.locator("h1")).to_have_text("Fence plan")
+    await expect(answer.locator("strong")).to_have_text("two coats")
+    await expect(answer.locator("ul li")).to_have_text(["sand the boards", "paint a day apart"])
+    await expect(answer.locator("table th")).to_have_text(["coat", "colour"])
+    await expect(answer.locator("table td")).to_have_text(["first", "primer", "second", "blue"])
+    code = answer.locator(".codeblock pre code")
+    await expect(code).to_have_text(CODE)
+    await expect(code).to_have_class(re.compile(r"language-python"))
+    await expect(code.locator(".hljs-keyword").first).to_have_text("def")
+    await expect(answer.locator(".codeblock .lang")).to_have_text("python")
+    link = answer.locator("a", has_text="the guide")
+    await expect(link).to_have_attribute("href", "https://example.org/fence")
+    await expect(link).to_have_attribute("target", "_blank")
+    await expect(link).to_have_attribute("rel", "noopener noreferrer")
+    # the code block's copy button copies the code; the message's, the answer as written
+    await answer.locator(".codeblock .copy").click()
+    await expect(answer.locator(".codeblock .copy")).to_have_text("Copied")
+    assert await page.evaluate("navigator.clipboard.readText()") == CODE
+    await page.locator("article.run").nth(0).locator(".msg-actions .copy").last.click()
+    assert await page.evaluate("navigator.clipboard.readText()") == MARKDOWN_ANSWER
+    if phone:
+        # with a table and a code block in it, the message area keeps its width and the page scrolls
+        # only vertically (wide content scrolls inside its own block)
+        box = await page.locator("#conversation").bounding_box()
+        assert box is not None and box["width"] >= 300
+        assert await page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        # the sidebar opens over the conversation and folds away when a session is chosen
+        await page.click("#toggle-sidebar")
+        await expect(page.locator("#sidebar")).to_be_visible()
+        await expect(page.locator("#sessions .session")).to_have_count(1)
+        await page.locator("#sessions .session .title").click()
+        await expect(page.locator("#sidebar")).to_be_hidden()
+
+    await send(page, "and the risky bits?")
+    evil = page.locator(".bubble.assistant").nth(1)
+    await expect(evil).to_contain_text("a link")
+    await expect(page.locator("#h-status")).to_have_attribute("data-status", "completed")
+    # the nodes are gone or defused: no script, frame, form control, handler, id or javascript: URL
+    for selector in ("script", "iframe", "textarea", "form", "button:not(.copy)", "[onerror]", "[onclick]", "[id]"):
+        await expect(evil.locator(selector)).to_have_count(0)
+    hrefs = await evil.locator("a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert hrefs == [None, None, "https://example.org/"]
+    await expect(evil.locator("a", has_text="click me")).not_to_have_attribute("href", re.compile("."))
+    # the image failed to load (its error event has fired) and nothing ran
+    await page.wait_for_function(
+        "document.querySelectorAll('.bubble.assistant img').length === 1"
+        " && document.querySelector('.bubble.assistant img').complete"
+    )
+    await evil.locator("a", has_text="click me").click()
+    assert await page.evaluate("window.__xss") is None
+    assert dialogs == []
+    # the composer is still the page's own
+    await page.fill("#message", "still mine")
+    assert await page.locator("#message").input_value() == "still mine"
+    assert await page.evaluate("document.getElementById('message').closest('#composer') !== null")
+
+
+async def test_dark_mode_follows_the_system_setting(browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any) -> None:
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url, color_scheme="light")
+    background = "getComputedStyle(document.body).backgroundColor"
+    light = await page.evaluate(background)
+    await page.emulate_media(color_scheme="dark")
+    await page.wait_for_function(f"{background} !== {json.dumps(light)}")
+    dark = await page.evaluate(background)
+    assert light == "rgb(246, 247, 249)" and dark == "rgb(15, 18, 22)"
+
+
+async def test_regenerate_and_edit_make_new_runs_and_the_transcript_keeps_both(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    answers = iter(["Blue.", "Green.", "Red, of course."])
+    fake_llm.default = lambda body: next(answers)
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    # nothing to act on yet: the session's actions are off
+    for button in ("#pin", "#rename", "#export-json", "#export-md", "#delete"):
+        await expect(page.locator(button)).to_be_disabled()
+    await expect(page.locator("#cancel")).to_be_hidden()
+    await send(page, "Name a colour")
+    runs = page.locator("article.run")
+    await expect(runs.nth(0).locator(".bubble.assistant")).to_have_text("Blue.")
+    await expect(page.locator("#delete")).to_be_enabled()
+    await runs.nth(0).locator(".regenerate").click()
+    await expect(runs).to_have_count(2)
+    await expect(runs.nth(1)).to_have_attribute("data-origin", "regenerated")
+    await expect(runs.nth(1).locator(".bubble.assistant")).to_have_text("Green.")
+    await expect(page.locator(".bubble.assistant")).to_have_text(["Blue.", "Green."])
+    await expect(page.locator(".bubble.user")).to_have_text(["Name a colour", "Name a colour"])
+    # edit the first question: a third run, the edited text reaches the agent
+    await runs.nth(0).locator(".edit").click()
+    await expect(page.locator("#editing")).to_be_visible()
+    await expect(page.locator("#message")).to_have_value("Name a colour")
+    await page.fill("#message", "Name a warm colour")
+    await page.click("#send")
+    await expect(runs).to_have_count(3)
+    await expect(runs.nth(2)).to_have_attribute("data-origin", "edited")
+    await expect(runs.nth(2).locator(".bubble.assistant")).to_have_text("Red, of course.")
+    await expect(page.locator("#editing")).to_be_hidden()
+    assert fake_llm.requests[-1]["messages"][-1]["content"] == "Name a warm colour"
+    ids = [await runs.nth(i).get_attribute("data-host-run-id") for i in range(3)]
+    receipts = [await api(gateway.url, "GET", f"/v1/runs/{run_id}") for run_id in ids]
+    assert [r["parentRunId"] for r in receipts] == [None, ids[0], ids[0]]
+    # the same from the stored history
+    await page.reload()
+    await expect(page.locator(".bubble.assistant")).to_have_text(["Blue.", "Green.", "Red, of course."])
+    await expect(runs.nth(1)).to_have_attribute("data-origin", "regenerated")
+    await expect(runs.nth(2)).to_have_attribute("data-origin", "edited")
+
+
+async def test_each_run_keeps_its_status_hash_navigation_grouping_and_pinning(
+    browser: Browser, fake_llm: FakeOpenAI, start_gateway: Any
+) -> None:
+    slow = " ".join(f"w{i}" for i in range(120))
+    fake_llm.add(Reply(text=slow, chunk_size=4, delay=0.02))
+    fake_llm.default = lambda body: f"About {body['messages'][-1]['content']}."
+    gateway = await start_gateway(fake_llm.base_url)
+    page = await open_console(browser, gateway.url)
+    await send(page, "count slowly")
+    await expect(page.locator("#h-busy")).to_be_visible()
+    await send(page, "then this")  # sent while the first run is still streaming
+    runs = page.locator("article.run")
+    await expect(runs).to_have_count(2)
+    await expect(runs.nth(1).locator(".bubble.assistant")).to_have_text("About then this.")
+    # the first run followed its own stream to its end, without a reload
+    await expect(runs.nth(0).locator(".run-status")).to_have_text("Completed")
+    await expect(runs.nth(0)).to_have_attribute("data-status", "completed")
+    await expect(runs.nth(0).locator(".bubble.assistant")).to_have_text(slow)
+    first_session = await page.locator("#h-session").text_content()
+    await page.click("#new-chat")
+    await send(page, "penguins")
+    await expect(page.locator(".bubble.assistant")).to_have_text("About penguins.")
+    second_url = page.url
+    # #session= navigation: changing only the hash shows that session; Back returns
+    await page.evaluate(f"location.hash = 'session=' + encodeURIComponent({json.dumps(first_session)})")
+    await expect(page.locator(".bubble.user")).to_have_text(["count slowly", "then this"])
+    await expect(page.locator("#h-session")).to_have_text(first_session or "")
+    await page.go_back()
+    await expect(page.locator(".bubble.user")).to_have_text(["penguins"])
+    assert page.url == second_url
+    # grouped by day; a pinned session goes to the top, stored by the gateway
+    sessions = page.locator("#sessions .session")
+    await expect(sessions).to_have_count(2)
+    await expect(page.locator("#sessions h3")).to_have_text(["Today"])
+    await page.locator(f"#sessions .session[data-session-id='{first_session}'] .pin-toggle").click()
+    await expect(page.locator("#sessions h3")).to_have_text(["Pinned", "Today"])
+    await expect(page.locator("#sessions [data-group='Pinned'] .session")).to_have_attribute(
+        "data-session-id", first_session or ""
+    )
+    listed = await api(gateway.url, "GET", "/v1/sessions")
+    assert {s["sessionId"]: s["pinned"] for s in listed["sessions"]}[first_session] is True
+    # the header's Pin acts on the open session
+    await page.click("#pin")
+    await expect(page.locator("#pin")).to_have_text("Unpin")
+    await expect(page.locator("#sessions [data-group='Pinned'] .session")).to_have_count(2)
+    # ids sit behind the Details control
+    await expect(page.locator("#h-session")).to_be_hidden()
+    await page.click("#h-details summary")
+    await expect(page.locator("#h-session")).to_be_visible()

@@ -3,6 +3,10 @@ files, safe headers, and out of the API and its OpenAPI document."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 from typing import Any
 
 from agent_gateway.routes.console import CONSOLE_ROUTES
@@ -44,3 +48,59 @@ async def test_the_console_is_not_in_openapi(make_gateway: Any) -> None:
     spec = await (await client.get("/openapi.json")).json()
     assert not set(spec["paths"]) & set(CONSOLE_ROUTES)
     assert not any(path.startswith("/console") for path in spec["paths"])
+
+
+VENDOR = (
+    "vendor/marked/marked.esm.js",
+    "vendor/dompurify/purify.es.mjs",
+    "vendor/highlight.js/highlight.min.js",
+    "vendor/highlight.js/github.min.css",
+    "vendor/highlight.js/github-dark.min.css",
+)
+
+
+async def test_the_vendored_modules_are_served_with_the_same_policy(make_gateway: Any) -> None:
+    client = await make_gateway(tokens={TOKEN: "alice"})
+    page_policy = (await client.get("/")).headers["Content-Security-Policy"]
+    assert "script-src 'self';" in page_policy and "unsafe" not in page_policy  # no inline script, no eval
+    for name in VENDOR:
+        response = await client.get(f"/console/{name}")
+        assert response.status == 200, name
+        assert response.content_type == ("text/css" if name.endswith(".css") else "text/javascript"), name
+        assert response.headers["Content-Security-Policy"] == page_policy
+    # licences and notes stay in the package, not on the web; no path outside the listed files
+    for path in (
+        "/console/vendor/marked/LICENSE",
+        "/console/vendor/README.md",
+        "/console/vendor/marked/marked.esm.js.map",
+        "/console/vendor/marked/%2e%2e/%2e%2e/%2e%2e/routes/console.py",
+        "/console/vendor/marked%2f..%2f..%2fapp.js",
+    ):
+        assert (await client.get(path)).status in (401, 404), path
+
+
+def test_a_built_wheel_ships_the_console_and_its_libraries(tmp_path: Path) -> None:
+    """A non-editable install must carry vendor/ (package_data in setup.cfg), licences included."""
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(root),
+        ],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("agent_gateway-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = {f"agent_gateway/console/{name}" for name in ("index.html", "app.js", "style.css", *VENDOR)}
+    expected |= {f"agent_gateway/console/vendor/{lib}/LICENSE" for lib in ("marked", "dompurify", "highlight.js")}
+    expected.add("agent_gateway/console/vendor/README.md")
+    assert expected <= names, sorted(expected - names)

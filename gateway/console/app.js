@@ -1,10 +1,15 @@
-// Agent Gateway console: a client of the public /v1 API only (no build step, no dependencies).
+// Agent Gateway console: a client of the public /v1 API only (no build step; the Markdown,
+// sanitizing and highlighting libraries are ES modules shipped in ./vendor, see its README).
 //
 // A conversation is the session detail (GET /v1/sessions/{id}: one transcript per run) kept
-// current by the run's `?projection=transcript` stream: each patch's ops are applied with the
-// same rules as gateway/transcript.py apply_op. A run's transcript remembers the last seq it holds
-// (`lastSeq`), so a reload or a dropped stream resumes after it (Last-Event-ID): no gap, no
+// current by each active run's `?projection=transcript` stream: each patch's ops are applied with
+// the same rules as gateway/transcript.py apply_op. A run's transcript remembers the last seq it
+// holds (`lastSeq`), so a reload or a dropped stream resumes after it (Last-Event-ID): no gap, no
 // duplicated text.
+
+import { Marked } from "./vendor/marked/marked.esm.js";
+import DOMPurify from "./vendor/dompurify/purify.es.mjs";
+import hljs from "./vendor/highlight.js/highlight.min.js";
 
 const TERMINAL = new Set(["completed", "failed", "cancelled", "interrupted"]);
 const TOKEN_KEY = "agent-gateway.token";
@@ -31,10 +36,97 @@ const state = {
   agentId: null,
   sessionId: null,
   detail: null, // the session detail: {session, binding, runs: [{receipt, transcript}]}
-  follow: null, // {hostRunId, controller}: the stream the page is reading
+  follows: new Map(), // hostRunId -> {hostRunId, controller}: every active run's own stream
   connected: true,
   searchSeq: 0,
+  openSeq: 0,
+  editOf: null, // the run whose question is being edited in the composer
 };
+
+const STATUS_LABELS = {
+  idle: "Idle", pending: "Starting", queued: "Queued", running: "Running",
+  awaiting_permission: "Waiting for your permission", completed: "Completed", failed: "Failed",
+  cancelled: "Cancelled", interrupted: "Interrupted",
+};
+const statusLabel = (status) => STATUS_LABELS[status] || status;
+
+// -- Markdown: marked (CommonMark + GFM tables) -> DOMPurify (every node) -> the page -------------
+
+const escapeHtml = (text) =>
+  text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+
+const markdown = new Marked({
+  gfm: true,
+  renderer: {
+    // Highlighted here, as HTML text, so the code goes through DOMPurify with everything else.
+    code({ text, lang }) {
+      const language = (lang || "").trim().split(/\s+/)[0].toLowerCase();
+      const known = Boolean(language) && Boolean(hljs.getLanguage(language));
+      const body = known ? hljs.highlight(text, { language, ignoreIllegals: true }).value : escapeHtml(text);
+      return `<pre data-lang="${escapeHtml(language)}"><code class="hljs${known ? ` language-${escapeHtml(language)}` : ""}">${body}</code></pre>\n`;
+    },
+  },
+});
+
+// An answer is the agent's text: raw HTML in it is sanitized away, never trusted. No form controls
+// and no ids or names (they would shadow the page's own elements), no styles.
+const PURIFY = {
+  RETURN_DOM_FRAGMENT: true,
+  FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select", "option", "iframe", "frame", "object", "embed", "dialog"],
+  FORBID_ATTR: ["style", "id", "name", "form", "formaction", "autofocus"],
+};
+DOMPurify.addHook("afterSanitizeAttributes", (node) => {
+  // Links open in a new tab without a handle on this page (DOMPurify already refused javascript:).
+  if (node.tagName === "A" && node.hasAttribute("href") && !node.getAttribute("href").startsWith("#")) {
+    node.setAttribute("target", "_blank");
+    node.setAttribute("rel", "noopener noreferrer");
+  }
+});
+
+function renderMarkdown(text) {
+  const fragment = DOMPurify.sanitize(markdown.parse(text), PURIFY);
+  for (const pre of fragment.querySelectorAll("pre")) {
+    const code = pre.querySelector("code") || pre;
+    const language = pre.dataset.lang || "";
+    pre.removeAttribute("data-lang");
+    const block = el("div", { class: "codeblock" },
+      el("div", { class: "code-head" }, el("span", { class: "lang" }, language || "code"),
+        copyButton(() => code.textContent, "Copy code")));
+    pre.replaceWith(block);
+    block.append(pre);
+  }
+  return fragment;
+}
+
+async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    // no Clipboard API here (a page not served from localhost or https): the old way
+  }
+  const area = el("textarea", { readonly: "", class: "offscreen", "aria-hidden": "true" });
+  area.value = text;
+  document.body.append(area);
+  area.select();
+  let copied = false;
+  try { copied = document.execCommand("copy"); } catch { copied = false; }
+  area.remove();
+  return copied;
+}
+
+function copyButton(getText, label = "Copy") {
+  return el("button", {
+    type: "button", class: "small copy", title: label, "aria-label": label,
+    onclick: async (event) => {
+      const button = event.currentTarget;
+      const copied = await copyText(getText());
+      button.textContent = copied ? "Copied" : "Copy failed";
+      button.dataset.copied = String(copied);
+      setTimeout(() => { button.textContent = "Copy"; }, 2000); // the label only: nothing waits on it
+    },
+  }, "Copy");
+}
 
 // -- the API -------------------------------------------------------------------------------------
 
@@ -234,7 +326,18 @@ function permissionCard(run, card) {
 function renderRun(run) {
   const t = run.transcript;
   const node = el("article", { class: "run", dataset: { hostRunId: run.receipt.hostRunId, status: t.status } });
-  if (t.question) node.append(el("div", { class: "bubble user" }, t.question));
+  const parentId = run.receipt.parentRunId;
+  const parent = parentId && state.detail ? state.detail.runs.find((r) => r.receipt.hostRunId === parentId) : null;
+  if (parent) {
+    const regenerated = parent.transcript.question === t.question;
+    node.dataset.origin = regenerated ? "regenerated" : "edited";
+    node.append(el("div", { class: "origin" }, regenerated ? "↻ Regenerated: the same question asked again" : "✎ Edited and sent again"));
+  }
+  if (t.question) {
+    node.append(el("div", { class: "bubble user" }, t.question));
+    node.append(el("div", { class: "msg-actions user-actions" }, copyButton(() => t.question, "Copy your message"),
+      isTerminal(t) ? el("button", { type: "button", class: "small edit", onclick: () => startEdit(run) }, "Edit") : null));
+  }
   if (t.thoughts.chunks > 0) {
     const open = run.thoughtsOpen ? { open: "" } : {};
     const details = el("details", { class: "thoughts", ...open },
@@ -249,7 +352,16 @@ function renderRun(run) {
   }
   for (const card of t.tools) node.append(toolCard(card));
   for (const card of t.permissions) node.append(permissionCard(run, card));
-  node.append(el("div", { class: "bubble assistant", dataset: { final: String(t.answer.final) } }, t.answer.text));
+  // Rendered again only when the text changed: a finished answer keeps its nodes (and selection).
+  if (!run.view || run.view.text !== t.answer.text) {
+    run.view = { text: t.answer.text, node: el("div", { class: "bubble assistant markdown" }, renderMarkdown(t.answer.text)) };
+  }
+  run.view.node.dataset.final = String(t.answer.final);
+  node.append(run.view.node);
+  if (t.answer.text && isTerminal(t)) {
+    node.append(el("div", { class: "msg-actions" }, copyButton(() => t.answer.text, "Copy the answer"),
+      t.question ? el("button", { type: "button", class: "small regenerate", onclick: () => regenerate(run) }, "Regenerate") : null));
+  }
   if (t.citations.length) {
     node.append(el("div", { class: "citations notice" }, "Sources: ", t.citations.map(citationLink)));
   }
@@ -260,8 +372,8 @@ function renderRun(run) {
     node.append(el("div", { class: "notice" }, `${t.replayed.events} replayed event(s) of the agent's history (not new output)`));
   }
   const label = t.terminal
-    ? `${t.terminal.status}${t.terminal.reason ? ` — ${t.terminal.reason}` : ""}${t.terminal.synthetic ? " (ended by the gateway)" : ""}`
-    : t.status;
+    ? `${statusLabel(t.terminal.status)}${t.terminal.reason ? ` — ${t.terminal.reason}` : ""}${t.terminal.synthetic ? " (ended by the gateway)" : ""}`
+    : statusLabel(t.status);
   node.append(el("div", { class: "run-status", dataset: { status: t.status } }, label));
   return node;
 }
@@ -302,16 +414,21 @@ function renderHeader() {
   $("h-mode").textContent = mode || "no mode";
   $("h-mode").dataset.mode = mode || "";
   const status = last ? last.transcript.status : "idle";
-  $("h-status").textContent = status;
+  $("h-status").textContent = statusLabel(status);
   $("h-status").dataset.status = status;
-  // "output in progress": only while the followed run is active and its output is streaming.
-  const following = last && state.follow && state.follow.hostRunId === last.receipt.hostRunId;
+  $("h-title").textContent = (summary && summary.title) || (last && last.transcript.question) || "New conversation";
+  const pinned = Boolean(summary && summary.pinned);
+  $("pin").textContent = pinned ? "Unpin" : "Pin";
+  $("pin").setAttribute("aria-pressed", String(pinned));
+  // "output in progress": only while the last run is followed, active, and its output is streaming.
+  const following = last && state.follows.has(last.receipt.hostRunId);
   const streaming = following && !isTerminal(last.transcript) &&
     (last.transcript.answer.text.length > 0 || last.transcript.thoughts.chunks > 0);
   $("h-busy").hidden = !streaming;
   $("h-conn").hidden = state.connected;
   $("cancel").hidden = !(last && !isTerminal(last.transcript));
-  for (const id of ["rename", "export-json", "export-md", "delete"]) $(id).disabled = !summary;
+  // Nothing to act on (a new conversation, a deleted one): the session's actions are off.
+  for (const id of ["pin", "rename", "export-json", "export-md", "delete"]) $(id).disabled = !summary;
 }
 
 // -- following a run's stream --------------------------------------------------------------------
@@ -338,8 +455,8 @@ function parseSse(buffer, onFrame) {
 }
 
 function stopFollowing() {
-  if (state.follow) state.follow.controller.abort();
-  state.follow = null;
+  for (const mine of state.follows.values()) mine.controller.abort();
+  state.follows.clear();
   state.connected = true;
 }
 
@@ -382,13 +499,16 @@ async function readStream(run, mine) {
   return progressed;
 }
 
+// Each active run follows its own stream (a run sent while the previous one is finishing does not
+// take the previous one's stream away, so both reach their end).
 async function followRun(run) {
-  stopFollowing();
-  const mine = { hostRunId: run.receipt.hostRunId, controller: new AbortController() };
-  state.follow = mine;
+  const hostRunId = run.receipt.hostRunId;
+  if (state.follows.has(hostRunId)) return;
+  const mine = { hostRunId, controller: new AbortController() };
+  state.follows.set(hostRunId, mine);
   render();
   let tries = 0;
-  while (state.follow === mine && !isTerminal(run.transcript) && tries < RECONNECT_MAX_TRIES) {
+  while (state.follows.get(hostRunId) === mine && !isTerminal(run.transcript) && tries < RECONNECT_MAX_TRIES) {
     try {
       if (await readStream(run, mine)) tries = 0;
     } catch (error) {
@@ -409,9 +529,9 @@ async function followRun(run) {
       await new Promise((resolve) => setTimeout(resolve, RECONNECT_DELAY_MS[Math.min(tries, RECONNECT_DELAY_MS.length - 1)]));
     }
   }
-  if (state.follow === mine) {
-    state.follow = null;
-    state.connected = true;
+  if (state.follows.get(hostRunId) === mine) {
+    state.follows.delete(hostRunId);
+    if (!state.follows.size) state.connected = true;
     render();
     refreshSessions();
   }
@@ -430,35 +550,85 @@ async function refreshSessions() {
     return;
   }
   if (mine !== state.searchSeq) return; // a newer search answered first
-  const list = $("sessions");
-  list.replaceChildren(...page.sessions.map((s) => {
-    const item = el(
+  const item = (s) => {
+    const node = el(
       "li",
-      { class: `session${s.sessionId === state.sessionId ? " current" : ""}`, dataset: { sessionId: s.sessionId }, onclick: () => openSession(s.sessionId) },
-      el("div", { class: "title" }, `${s.pinned ? "[pinned] " : ""}${s.title || s.sessionId}`),
-      el("div", { class: "meta" }, `${s.agentName || s.agentId} · ${s.messageCount} msg · ${s.lastStatus || ""}${s.activeRun ? " · active" : ""}`),
+      { class: `session${s.sessionId === state.sessionId ? " current" : ""}`, dataset: { sessionId: s.sessionId, pinned: String(Boolean(s.pinned)) }, onclick: () => goToSession(s.sessionId) },
+      el("div", { class: "title" }, s.title || s.sessionId),
+      el("button", {
+        type: "button", class: "pin-toggle", "aria-pressed": String(Boolean(s.pinned)),
+        "aria-label": s.pinned ? "Unpin" : "Pin", title: s.pinned ? "Unpin" : "Pin to the top",
+        onclick: (event) => { event.stopPropagation(); setPinned(s.sessionId, !s.pinned); },
+      }, s.pinned ? "★" : "☆"),
+      el("div", { class: "meta" }, `${s.agentName || s.agentId} · ${s.messageCount} msg · ${statusLabel(s.lastStatus || "")}${s.activeRun ? " · active" : ""}`),
     );
     if (s.snippet) {
       const snippet = el("div", { class: "snippet" });
       snippet.innerHTML = s.snippet; // the gateway HTML-escapes it; only <mark> is markup
-      item.append(snippet);
+      node.append(snippet);
     }
-    return item;
-  }));
+    return node;
+  };
+  // A search is ranked: one list. Otherwise pinned first (the gateway's order), then by day.
+  const groups = new Map();
+  for (const s of page.sessions) {
+    const name = query ? "Results" : s.pinned ? "Pinned" : dayGroup(s.updatedAt);
+    if (!groups.has(name)) groups.set(name, []);
+    groups.get(name).push(s);
+  }
+  $("sessions").replaceChildren(...[...groups].map(([name, sessions]) => el("section", { class: "group", dataset: { group: name } },
+    el("h3", {}, name), el("ul", {}, sessions.map(item)))));
   $("sessions-empty").hidden = page.sessions.length > 0;
+}
+
+function dayGroup(iso) {
+  // Today, Yesterday or Earlier, in the browser's time zone.
+  const day = (date) => new Date(date.getFullYear(), date.getMonth(), date.getDate()).getTime();
+  const when = new Date(iso);
+  if (Number.isNaN(when.getTime())) return "Earlier";
+  const days = Math.round((day(new Date()) - day(when)) / 86_400_000);
+  return days <= 0 ? "Today" : days === 1 ? "Yesterday" : "Earlier";
+}
+
+async function setPinned(sessionId, pinned) {
+  // Pinning lives in the gateway's session index (PATCH pinned): every device of the actor sees it.
+  try {
+    const answer = await api("PATCH", `/v1/sessions/${encodeURIComponent(sessionId)}`, { pinned });
+    if (state.detail && sessionId === state.sessionId) state.detail.session = answer.session;
+    render();
+    await refreshSessions();
+  } catch (error) {
+    showError(error);
+  }
+}
+
+function sessionFromHash() {
+  const match = /^#session=(.+)$/.exec(location.hash);
+  return match ? decodeURIComponent(match[1]) : null;
+}
+
+function goToSession(sessionId) {
+  // Through the URL, so Back and Forward move between sessions (hashchange opens it).
+  if (phone.matches) setSidebar(false);
+  if (sessionFromHash() === sessionId) openSession(sessionId);
+  else location.hash = `session=${encodeURIComponent(sessionId)}`;
 }
 
 async function openSession(sessionId, { quiet = false } = {}) {
   stopFollowing();
+  stopEditing();
+  const ticket = ++state.openSeq;
   state.sessionId = sessionId;
   history.replaceState(null, "", `#session=${encodeURIComponent(sessionId)}`);
   showError(null);
+  let detail = null;
   try {
-    state.detail = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}`);
+    detail = await api("GET", `/v1/sessions/${encodeURIComponent(sessionId)}`);
   } catch (error) {
-    state.detail = null;
     if (!(quiet && error.status === 404)) showError(error);
   }
+  if (ticket !== state.openSeq) return; // another session was opened meanwhile
+  state.detail = detail;
   for (const item of document.querySelectorAll(".session")) {
     item.classList.toggle("current", item.dataset.sessionId === sessionId);
   }
@@ -480,17 +650,22 @@ async function resumeActiveRun() {
   } catch {
     return;
   }
+  // Every run not yet ended follows its own stream (one still queued behind the active one too).
+  for (const run of state.detail.runs) if (!isTerminal(run.transcript)) followRun(run);
   if (!active.run) return;
   let run = state.detail.runs.find((r) => r.receipt.hostRunId === active.run.hostRunId);
   if (!run) {
     run = { receipt: active.run, transcript: emptyTranscript(active.run.hostRunId) };
     state.detail.runs.push(run);
   }
-  if (!state.follow || state.follow.hostRunId !== run.receipt.hostRunId) followRun(run);
+  followRun(run);
 }
 
 function newConversation() {
   stopFollowing();
+  stopEditing();
+  state.openSeq += 1;
+  if (phone.matches) setSidebar(false);
   state.sessionId = `console-${crypto.randomUUID()}`;
   state.detail = null;
   history.replaceState(null, "", "#");
@@ -504,13 +679,38 @@ async function send(event) {
   event.preventDefault();
   const text = $("message").value;
   if (!text.trim()) return;
+  if (await sendMessage(text, state.editOf)) {
+    $("message").value = "";
+    stopEditing();
+  }
+}
+
+// Regenerate and edit-and-resend are new runs of the same session naming the run they redo
+// (parentRunId): the transcript keeps both.
+function regenerate(run) {
+  sendMessage(run.transcript.question, run);
+}
+
+function startEdit(run) {
+  state.editOf = run;
+  $("message").value = run.transcript.question;
+  $("editing").hidden = false;
+  $("message").focus();
+}
+
+function stopEditing() {
+  state.editOf = null;
+  $("editing").hidden = true;
+}
+
+async function sendMessage(text, parentRun = null) {
   showError(null);
   if (!state.sessionId) newConversation();
   const body = { requestId: crypto.randomUUID(), agentId: state.agentId, sessionId: state.sessionId, message: text };
+  if (parentRun) body.parentRunId = parentRun.receipt.hostRunId;
   $("send").disabled = true;
   try {
     const receipt = await api("POST", "/v1/runs", body);
-    $("message").value = "";
     const transcript = emptyTranscript(receipt.hostRunId);
     transcript.question = text;
     transcript.agentId = receipt.agentId;
@@ -524,8 +724,10 @@ async function send(event) {
     followRun(run).then(() => refreshSummary());
     refreshSummary(); // the session is indexed once its run is admitted: rename/export/delete apply
     refreshSessions();
+    return true;
   } catch (error) {
     showError(error);
+    return false;
   } finally {
     $("send").disabled = false;
   }
@@ -699,6 +901,16 @@ async function loadAgents() {
   if (preferred) selectAgent(preferred);
 }
 
+// -- layout --------------------------------------------------------------------------------------
+
+// Below this width the sidebar slides over the conversation (style.css has the same query).
+const phone = window.matchMedia("(max-width: 760px)");
+
+function setSidebar(open) {
+  document.body.dataset.sidebar = open ? "open" : "closed";
+  $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+}
+
 // -- start ---------------------------------------------------------------------------------------
 
 async function start() {
@@ -707,6 +919,22 @@ async function start() {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("composer").requestSubmit();
   });
   $("new-chat").addEventListener("click", newConversation);
+  setSidebar(!phone.matches);
+  phone.addEventListener("change", () => setSidebar(!phone.matches));
+  $("toggle-sidebar").addEventListener("click", () => setSidebar(document.body.dataset.sidebar !== "open"));
+  $("close-sidebar").addEventListener("click", () => setSidebar(false));
+  $("scrim").addEventListener("click", () => setSidebar(false));
+  $("pin").addEventListener("click", () => {
+    const summary = state.detail && state.detail.session;
+    if (summary) setPinned(state.sessionId, !summary.pinned);
+  });
+  $("edit-cancel").addEventListener("click", () => { stopEditing(); $("message").value = ""; });
+  window.addEventListener("hashchange", () => {
+    // #session=<id> typed, pasted or reached with Back: show that session.
+    const sessionId = sessionFromHash();
+    if (sessionId && sessionId !== state.sessionId) openSession(sessionId, { quiet: true });
+    else if (!sessionId && state.detail) newConversation();
+  });
   $("agent").addEventListener("change", (e) => selectAgent(e.target.value));
   $("settings-save").addEventListener("click", saveSettings);
   $("rename").addEventListener("click", renameSession);
@@ -731,8 +959,8 @@ async function start() {
     showError(error);
   }
   await refreshSessions();
-  const match = /^#session=(.+)$/.exec(location.hash);
-  if (match) await openSession(decodeURIComponent(match[1]), { quiet: true });
+  const sessionId = sessionFromHash();
+  if (sessionId) await openSession(sessionId, { quiet: true });
   else newConversation();
   document.body.dataset.ready = "true";
 }

@@ -1,4 +1,5 @@
-"""The web console: static files served at ``/`` and ``/console/<file>``.
+"""The web console: static files served at ``/`` and ``/console/<file>`` (``<file>`` may be a
+path under ``vendor/``, the third-party ES modules shipped with the package).
 
 The page holds no data (it is a client of the public ``/v1`` API, which checks the token), so its
 files are public: a browser cannot send a bearer token on navigation. The page asks for a token
@@ -7,7 +8,9 @@ when the API answers 401. These are not API routes: they stay out of ``/v1/`` an
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from importlib import resources
+from importlib.resources.abc import Traversable
 
 from aiohttp import web
 
@@ -16,17 +19,31 @@ from agent_gateway.errors import ApiError
 CONSOLE_PREFIX = "/console/"
 # The console's routes: a web page, not API routes, so never in OpenAPI.
 CONSOLE_ROUTES = ("/", CONSOLE_PREFIX + "{name}")
+# {name} may hold slashes (vendor/marked/marked.esm.js): it is only ever a key of _FILES.
+_FILE_PATTERN = CONSOLE_PREFIX + "{name:.+}"
 _TYPES = {
     ".html": "text/html",
     ".js": "text/javascript",
+    ".mjs": "text/javascript",
     ".css": "text/css",
     ".svg": "image/svg+xml",
 }
-# The console's files, read from the installed package (never a path built from the request).
+
+
+def _walk(folder: Traversable, prefix: str = "") -> Iterator[tuple[str, Traversable]]:
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            yield from _walk(entry, f"{prefix}{entry.name}/")
+        elif entry.is_file():
+            yield prefix + entry.name, entry
+
+
+# The console's files, read from the installed package (never a path built from the request);
+# LICENSE and README files of vendor/ are not served (no type of theirs is listed).
 _FILES: dict[str, tuple[bytes, str]] = {
-    entry.name: (entry.read_bytes(), _TYPES[suffix])
-    for entry in resources.files("agent_gateway").joinpath("console").iterdir()
-    if entry.is_file() and (suffix := "." + entry.name.rsplit(".", 1)[-1]) in _TYPES
+    name: (entry.read_bytes(), _TYPES[suffix])
+    for name, entry in _walk(resources.files("agent_gateway").joinpath("console"))
+    if (suffix := "." + name.rsplit(".", 1)[-1]) in _TYPES
 }
 # Public (no token): the page and its assets hold no data.
 PUBLIC_PATHS = frozenset({"/", *(CONSOLE_PREFIX + name for name in _FILES)})
@@ -58,4 +75,4 @@ def setup(app: web.Application) -> None:
         return _file(request.match_info["name"])
 
     app.router.add_get(CONSOLE_ROUTES[0], index, name="console.index")
-    app.router.add_get(CONSOLE_ROUTES[1], asset, name="console.file")
+    app.router.add_get(_FILE_PATTERN, asset, name="console.file")
