@@ -3,6 +3,7 @@ files, safe headers, and out of the API and its OpenAPI document."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -81,7 +82,13 @@ async def test_the_vendored_modules_are_served_with_the_same_policy(make_gateway
 
 def test_a_built_wheel_ships_the_console_and_its_libraries(tmp_path: Path) -> None:
     """A non-editable install must carry vendor/ (package_data in setup.cfg), licences included."""
-    root = Path(__file__).resolve().parents[1]
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources it builds.
+    source = tmp_path / "source"
+    shutil.copytree(
+        Path(__file__).resolve().parents[1],
+        source,
+        ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "*_cache", ".hypothesis", "__pycache__"),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -93,7 +100,7 @@ def test_a_built_wheel_ships_the_console_and_its_libraries(tmp_path: Path) -> No
             "--no-build-isolation",
             "-w",
             str(tmp_path),
-            str(root),
+            str(source),
         ],
         check=True,
         timeout=300,
