@@ -170,20 +170,20 @@ class SessionIndexer:
     def _fold(self, host_run_id: str, events: list[Event]) -> None:
         """The journal's ``on_publish``: fold a run's published batch into its digest."""
         folds = self.folds
-        fold = folds.get(host_run_id)
-        if fold is None:
-            if events[0].seq != 1 or self.stopped:
-                return  # not seen from its start: folded from its journal at its end
-            if len(folds) >= MAX_FOLDS:
-                del folds[next(iter(folds))]
-            fold = folds[host_run_id] = RunFold(host_run_id)
         try:
+            fold = folds.get(host_run_id)
+            if fold is None:
+                if events[0].seq != 1 or self.stopped:
+                    return  # not seen from its start: folded from its journal at its end
+                if folds and len(folds) >= MAX_FOLDS:
+                    del folds[next(iter(folds))]
+                fold = folds[host_run_id] = RunFold(host_run_id)
             kept = fold.add(events)
         except Exception:  # never in the way of publishing: the run is folded at its end instead
             log.exception("could not fold run %s for its session index", host_run_id)
             kept = False
         if not kept:
-            del folds[host_run_id]
+            folds.pop(host_run_id, None)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         loop = asyncio.get_running_loop()
