@@ -93,7 +93,8 @@ async def main(data_dir: str, storage_url: str) -> None:
     if storage_url:
         overrides["storage"] = {"url": storage_url}
     # Profiling aids, never used for the documented figures: BENCH_EXPERIMENT="null-storage,gc-off,
-    # batch=N (journal_batch_events),burst-publish=N (journal.BURST_PUBLISH),switch=S (GIL interval)".
+    # no-session-nowait (a run's start reads its session on a worker), batch=N (journal_batch_events),
+    # burst-publish=N (journal.BURST_PUBLISH),switch=S (GIL interval)".
     experiment = dict(item.partition("=")[::2] for item in os.environ.get("BENCH_EXPERIMENT", "").split(",") if item)
     if "batch" in experiment:
         overrides["gateway"]["journal_batch_events"] = int(experiment["batch"])
@@ -104,6 +105,9 @@ async def main(data_dir: str, storage_url: str) -> None:
         app[GATEWAY_KEY].storage.append_events = lambda events: None
     if "burst-publish" in experiment:
         agent_gateway.journal.BURST_PUBLISH = int(experiment["burst-publish"])
+    if "no-session-nowait" in experiment:  # a run's start reads its session record on a worker
+        storage: Any = app[GATEWAY_KEY].storage
+        storage.get_session_nowait = None
     if "gc-off" in experiment:
         import gc
 

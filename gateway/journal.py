@@ -209,6 +209,9 @@ class Journal:
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
         self.commit_limit = batch_max
         self.on_append: list[Callable[[Event], None]] = []
+        # Called with each run's published batch (its id, its events in seq order): one call per
+        # batch, for hooks that follow every event of a run cheaply (the session index's fold).
+        self.on_publish: list[Callable[[str, list[Event]], None]] = []
         # Called with each run's published batch and its size in bytes (its SSE frames, built
         # once for the spool and the bus anyway): what run and actor byte limits count.
         self.on_published_bytes: Callable[[str, int], None] | None = None
@@ -357,6 +360,7 @@ class Journal:
             self._spool(blobs[0] if len(blobs) == 1 else b"".join(blobs))
         queue, pending = self._queue, self._pending_by_run
         publish, hooks, count_bytes = self.bus.publish_many, self.on_append, self.on_published_bytes
+        batch_hooks = self.on_publish
         keep_frames = self.tail_bytes > 0 and not self.durable_delivery
         for (host_run_id, events), blob in zip(unpublished.items(), blobs, strict=True):
             if count_bytes is not None:
@@ -372,6 +376,8 @@ class Journal:
                 run_pending.append(events)
             if not self.durable_delivery:
                 publish(host_run_id, events, blob)
+            for batch_hook in batch_hooks:
+                batch_hook(host_run_id, events)
             for hook in hooks:
                 for event in events:
                     hook(event)

@@ -646,7 +646,7 @@ class RunManager:
         run, runtime = active.run, active.runtime
         self._set_status(run, "running")
         await self.journal.append(run.host_run_id, "run.started", {"agentId": run.agent_id})
-        session = await self._db(self.storage.get_session, run.actor_id, run.session_id) or {}
+        session = await self._session_record(run) or {}
         state = dict((session.get("runtimes") or {}).get(run.agent_id) or {})
 
         async def emit(kind: str, payload: dict[str, Any], source: str | None) -> None:
@@ -842,6 +842,21 @@ class RunManager:
                 task.uncancel()
         except Exception:
             log.exception("could not store the agent tool receipts of run %s", active.run.host_run_id)
+
+    async def _session_record(self, run: Run) -> dict[str, Any] | None:
+        """The session's record at the run's start. A worker trip costs the run's first event a
+        few ms while other runs hold the loop: a storage that knows the record (or can read it at
+        once) answers on the loop, unless cluster instances share the database."""
+        read_nowait = None if self.coordinator.clustered else getattr(self.storage, "get_session_nowait", None)
+        if read_nowait is not None:
+            try:
+                record: dict[str, Any] | None = read_nowait(run.actor_id, run.session_id)
+            except Exception as exc:  # it could not answer at once: a worker can
+                log.debug("the session read goes to a worker: %s", exc)
+            else:
+                return record
+        found: dict[str, Any] | None = await self._db(self.storage.get_session, run.actor_id, run.session_id)
+        return found
 
     async def _update_session(self, run: Run, change: Callable[[dict[str, Any]], Any]) -> None:
         """Read, change and store the session's record in one worker call (one round trip)."""

@@ -84,6 +84,10 @@ class Storage(Protocol):
 
     def put_session(self, actor_id: str, session_id: str, record: dict[str, Any]) -> None: ...
 
+    # Optional: `get_session_nowait`, `get_session` on the event loop's thread (a run's start) for
+    # a backend that can answer at once: from what it last read or wrote of the record, or a local
+    # file read; it raises when it cannot, and the run asks a worker. Not asked when clustered.
+
     def get_preferences(self, actor_id: str) -> dict[str, Any]: ...
 
     def put_preferences(self, actor_id: str, values: dict[str, Any]) -> None:

@@ -31,6 +31,7 @@ HIT_START, HIT_END = "\ue000", "\ue001"
 ACTIVE_STATUSES = ("pending", "queued", "running", "awaiting_permission")
 # Searchable text kept per column (characters): bounded so a huge session stays indexable.
 MAX_SEARCH_TEXT = 100_000
+_DIGEST_TEXTS = frozenset(("question", "answer", "tools", "files"))
 TITLE_LENGTH = 80
 _WORD = re.compile(r"\w+", re.UNICODE)
 # PostgreSQL's parser reads "<...>" as a tag: ts_headline drops it and to_tsvector skips its words.
@@ -218,13 +219,20 @@ class SessionIndexMixin:
             "agent_session_id",
         )
         updates = ", ".join(f"{c} = excluded.{c}" for c in columns[1:])
+        # The texts only feed the session's search text, cut at MAX_SEARCH_TEXT after joining:
+        # a run's text past that can never reach it, and a long run's whole answer (1.6 MB for
+        # 100,000 deltas) stored and read back made its end cost 10-20 ms of worker time.
+        values = [
+            digest[c][:MAX_SEARCH_TEXT] if c in _DIGEST_TEXTS and isinstance(digest[c], str) else digest[c]
+            for c in columns
+        ]
         with self._write():
             if not self._run_stored(digest["host_run_id"]):
                 return
             self._sql(
                 f"INSERT INTO {self._rd} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                 f" ON CONFLICT (host_run_id) DO UPDATE SET {updates}",
-                [digest[c] for c in columns],
+                values,
             )
             self._recompute_session(digest["actor_id"], digest["session_id"])
 

@@ -52,6 +52,7 @@ from .conversations import ConversationMixin
 from .maintenance import MaintenanceMixin
 from .migrations import JOURNAL, JOURNAL_MIGRATIONS, Migration, read_version, run_migrations
 from .outbox import OutboxMixin
+from .records import MAX_RECORD_CHARS, SessionRecordCache
 from .sessions import SessionIndexMixin
 
 log = logging.getLogger(__name__)
@@ -376,6 +377,7 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin, Conversati
             "updated_at = excluded.updated_at"
         )
         self._nowait_conn: sqlite3.Connection | None = None  # find_run_by_request_nowait's
+        self._session_records = SessionRecordCache()  # get_session_nowait's
         self._opened = False
         self._open_lock = threading.Lock()
         # Connections found dropped by the server (and replaced by fresh ones).
@@ -387,10 +389,25 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin, Conversati
     # step deletes what is left).
     compact_run = _reconnecting(MaintenanceMixin.compact_run)
     expired_runs = _reconnecting(MaintenanceMixin.expired_runs)
-    delete_run_history = _reconnecting(MaintenanceMixin.delete_run_history)
+    _delete_run_history = _reconnecting(MaintenanceMixin.delete_run_history)
     claim_conversation = _reconnecting(ConversationMixin.claim_conversation)
     release_conversation = _reconnecting(ConversationMixin.release_conversation)
     put_conversation = _reconnecting(ConversationMixin.put_conversation)
+
+    def delete_run_history(self, host_run_id: str, before_ms: int, max_events: int = 2000) -> bool:
+        # The run's session may lose its record (its last run gone): which one is known only inside.
+        self._session_records.changing()
+        try:
+            return self._delete_run_history(host_run_id, before_ms, max_events)
+        finally:
+            self._session_records.changed(None)
+
+    def delete_session_history(self, actor_id: str, session_id: str) -> bool:
+        self._session_records.changing()
+        try:
+            return super().delete_session_history(actor_id, session_id)
+        finally:
+            self._session_records.changed((actor_id, session_id))
 
     def __repr__(self) -> str:
         return f"PeeweeStorage({redact_url(self.url)!r}, table_prefix={self.table_prefix!r}, schema={self.schema!r})"
@@ -541,6 +558,12 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin, Conversati
         answer at once (the database is locked, PostgreSQL): the caller asks a worker instead."""
         if self.path is None:
             raise NotImplementedError("PostgreSQL answers over the network: not on the loop")
+        rows = self._nowait_read(self._find_run_sql, (actor_id, session_id, workspace_id, request_id))
+        return self._row_to_run(dict(zip(_RUN_FIELDS, rows[0], strict=True))) if rows else None
+
+    def _nowait_read(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """A SQLite read on the calling thread's own connection that never waits (busy timeout 0)."""
+        assert self.path is not None
         conn = self._nowait_conn
         if conn is None:
             # Autocommit: each read sees the latest commit (no snapshot kept between reads).
@@ -549,12 +572,11 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin, Conversati
             self._nowait_conn = conn
         try:
             # Run to its end: no read transaction stays open between look-ups.
-            rows = conn.execute(self._find_run_sql, (actor_id, session_id, workspace_id, request_id)).fetchall()
+            return conn.execute(sql, params).fetchall()
         except sqlite3.Error:
             self._nowait_conn = None
             conn.close()
             raise
-        return self._row_to_run(dict(zip(_RUN_FIELDS, rows[0], strict=True))) if rows else None
 
     @_reconnecting
     def find_run_by_request(self, actor_id: str, session_id: str, workspace_id: str, request_id: str) -> Run | None:
@@ -712,14 +734,46 @@ class PeeweeStorage(SessionIndexMixin, MaintenanceMixin, OutboxMixin, Conversati
     # -- sessions -----------------------------------------------------------------------------
     @_reconnecting
     def get_session(self, actor_id: str, session_id: str) -> dict[str, Any] | None:
+        generation = self._session_records.generation
         rows = self._sql(self._get_session_sql, [actor_id, session_id]).fetchall()
-        return json.loads(rows[0][0]) if rows else None
+        text: str | None = rows[0][0] if rows else None
+        if not self.database.in_transaction():  # a read inside a write may see what is not committed
+            self._session_records.fill((actor_id, session_id), text, generation)
+        return json.loads(text) if text is not None else None
+
+    def get_session_nowait(self, actor_id: str, session_id: str) -> dict[str, Any] | None:
+        """`get_session` on the calling thread (the event loop's): what this storage last read or
+        wrote of the record (valid only while no other process writes the database: the core
+        does not ask when clustered), else a SQLite point read on the connection of
+        `find_run_by_request_nowait`. Raises when it cannot answer at once (PostgreSQL, a locked
+        database, a record too large to parse on the loop): the caller asks a worker instead."""
+        key = (actor_id, session_id)
+        known, text = self._session_records.get(key)
+        if not known:
+            if self.path is None:
+                raise NotImplementedError("PostgreSQL answers over the network: not on the loop")
+            generation = self._session_records.generation
+            rows = self._nowait_read(self._get_session_sql, (actor_id, session_id))
+            text = rows[0][0] if rows else None
+            if text is not None and len(text) > MAX_RECORD_CHARS:
+                raise ValueError("a large session record: a worker parses it")
+            self._session_records.fill(key, text, generation)
+        return json.loads(text) if text is not None else None
 
     @_reconnecting
     def put_session(self, actor_id: str, session_id: str, record: dict[str, Any]) -> None:
         """Insert or replace the session record."""
-        with self._write():
-            self._sql(self._put_session_sql, [actor_id, session_id, _dumps(record), now_ms()])
+        text = _dumps(record)
+        since = self._session_records.changing()
+        try:
+            with self._write():
+                self._sql(self._put_session_sql, [actor_id, session_id, text, now_ms()])
+        except BaseException:
+            self._session_records.changed((actor_id, session_id))
+            raise
+        # Inside a caller's transaction the write is not committed yet: forget, do not keep.
+        committed = not self.database.in_transaction()
+        self._session_records.changed((actor_id, session_id), text, since if committed else None)
 
     # -- preferences --------------------------------------------------------------------------
     @_reconnecting

@@ -1,0 +1,191 @@
+"""The session index's incremental fold (issue 31): an ended run's digest is folded as its events
+are published, equal to folding its whole journal; a run not seen from its start, or whose fold was
+lost, is folded from its journal as before; a long answer's stored digest keeps only what the
+session's search text can show."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from agent_gateway.models import Event, Run
+from agent_gateway.plugins.journal_peewee import PeeweeStorage
+from agent_gateway.plugins.journal_peewee.sessions import MAX_SEARCH_TEXT
+from agent_gateway.routes import sessions as sessions_routes
+from agent_gateway.routes.sessions.indexer import RunFold, run_digest
+from agent_gateway.transcript import project_transcript, run_transcript
+from tests._harness import gateway_of, run_to_end
+from tests._sessions import ALICE, auth, body, gateway, get_json
+
+
+def _run(host_run_id: str = "run_fold", session_id: str = "s-fold", message: Any = "what about kelp?") -> Run:
+    return Run(
+        host_run_id=host_run_id,
+        request_id=host_run_id,
+        agent_id="bench",
+        provider="tests",
+        session_id=session_id,
+        actor_id="alice",
+        workspace_id="w",
+        status="completed",
+        created_at=1,
+        updated_at=2,
+        request={"message": message, "options": {}},
+    )
+
+
+def _journal(run_id: str, rng: random.Random, final: bool) -> list[Event]:
+    """Every kind the transcript folds, in a random order between `run.created` and the end."""
+    middle: list[tuple[str, str, dict[str, Any]]] = [
+        ("session.info.updated", "gateway", {"sessionMode": "loaded", "agentSessionId": "agent-1"}),
+        ("session.info.updated", "gateway", {"sessionMode": "native_live"}),
+        ("message.delta", "adapter_replay", {"text": "OLD"}),
+        ("replay.message", "adapter_replay", {"role": "assistant", "text": "OLD"}),
+        ("thought.delta", "bench", {"text": "hmm"}),
+        ("thought.delta", "adapter_replay", {"text": "old hmm"}),
+        ("tool.started", "bench", {"toolCallId": "c1", "title": "search kelp", "kind": "search"}),
+        ("tool.updated", "bench", {"toolCallId": "c1", "locations": [{"path": "sea/kelp.md"}]}),
+        ("tool.completed", "bench", {"toolCallId": "c1", "status": "completed", "tool": "search"}),
+        (
+            "tool.completed",
+            "bench",
+            {"toolCallId": "c2", "rawOutput": {"refs": [{"citationMarkdown": "[k](u)", "path": "k.md"}]}},
+        ),
+        ("tool.completed", "bench", {"toolCallId": "c3", "rawOutput": {"citationUrl": "https://x.test/k"}}),
+        ("client_tool.requested", "bench", {"toolCallId": "c4", "name": "pick"}),
+        ("files.changed", "gateway", {"changes": [{"path": "notes/kelp.txt"}, {"nopath": 1}]}),
+        ("plan.updated", "bench", {"entries": [{"content": "x"}]}),
+        ("usage.updated", "bench", {"inputTokens": 3}),
+        ("message.delta", "bench", {"text": ""}),
+        ("message.delta", "bench", {"text": 7}),
+        ("agent.update", "bench", {"raw": 1}),
+    ]
+    middle += [("message.delta", "bench", {"text": f"kelp {i} "}) for i in range(rng.randrange(0, 9000))]
+    rng.shuffle(middle)
+    if final:  # a final answer, then more deltas after it
+        at = rng.randrange(len(middle) + 1)
+        middle.insert(at, ("message.completed", "bench", {"text": "the final kelp answer"}))
+    kinds = [("run.created", "gateway", {"receipt": {"agentId": "bench"}}), *middle]
+    kinds.append(("run.completed", "gateway", {"status": "completed"}))
+    return [Event(run_id, seq, kind, source, payload) for seq, (kind, source, payload) in enumerate(kinds, 1)]
+
+
+def test_the_fold_gives_the_digest_of_the_whole_journal() -> None:
+    rng = random.Random(31)
+    for case in range(12):
+        run = _run(message=None if case == 3 else "what about kelp?")
+        events = _journal(run.host_run_id, rng, final=case % 2 == 1)
+        fold = RunFold(run.host_run_id)
+        at = 0
+        while at < len(events):  # in published batches of any size
+            size = rng.choice((1, 2, 50, 256, 1024, 5000))
+            assert fold.add(events[at : at + size])
+            at += size
+        assert fold.ended
+        expected = run_digest(run, project_transcript(events, run_transcript(run)))
+        assert run_digest(run, fold.transcript(run)) == expected
+
+
+def test_a_fold_refuses_events_that_do_not_follow_it() -> None:
+    events = _journal("run_gap", random.Random(1), final=False)
+    fold = RunFold("run_gap")
+    assert fold.add(events[:3])
+    assert not fold.add(events[4:6])  # seq 4 is missing
+    assert not fold.ended
+
+
+async def _indexer(client: Any) -> Any:
+    [indexer] = [
+        listener.__self__
+        for listener in gateway_of(client).runs.listeners
+        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
+    ]
+    return indexer
+
+
+async def test_an_ended_run_is_indexed_from_its_fold_not_its_journal(
+    make_gateway: Any, storage_kind: str, monkeypatch: Any
+) -> None:
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    indexer = await _indexer(client)
+    await get_json(client, "/v1/sessions")  # the first list indexes ended runs never indexed: none later
+    sources: list[Any] = []
+    index_batch = indexer._index_batch
+
+    def seen(batch: list[Any]) -> None:
+        sources.extend(source for run, source in batch if run.is_terminal)
+        index_batch(batch)
+
+    monkeypatch.setattr(indexer, "_index_batch", seen)
+    await run_to_end(client, body("s-folded", "tell me about kelp", "f1"), headers=auth(ALICE))
+    [session] = (await get_json(client, "/v1/sessions"))["sessions"]
+    assert (session["messageCount"], session["toolCount"], session["runCount"]) == (2, 1, 1)
+    found = (await get_json(client, "/v1/sessions", q="kelp"))["sessions"]
+    assert [s["sessionId"] for s in found] == ["s-folded"]
+    assert not (await get_json(client, "/v1/sessions", q="pondering"))["sessions"]  # thoughts never indexed
+    assert len(sources) == 1 and isinstance(sources[0], RunFold)
+    assert indexer.folds == {}  # taken at the run's end
+
+
+async def test_a_run_whose_fold_was_lost_is_folded_from_its_journal(make_gateway: Any, storage_kind: str) -> None:
+    """A fold dropped mid-run (the bound on folds, or a fold that failed) is not used: the
+    run's end folds its journal, with the same result."""
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    indexer = await _indexer(client)
+    folded = indexer._fold
+
+    def fold_then_lose(host_run_id: str, events: list[Event]) -> None:
+        folded(host_run_id, events)
+        indexer.folds.pop(host_run_id, None)
+
+    gateway_of(client).journal.on_publish[:] = [fold_then_lose]
+    await run_to_end(client, body("s-lost", "tell me about kelp", "l1"), headers=auth(ALICE))
+    [session] = (await get_json(client, "/v1/sessions"))["sessions"]
+    assert (session["messageCount"], session["toolCount"]) == (2, 1)
+    assert [s["sessionId"] for s in (await get_json(client, "/v1/sessions", q="kelp"))["sessions"]] == ["s-lost"]
+    detail = await get_json(client, "/v1/sessions/s-lost")
+    assert detail["runs"][0]["transcript"]["answer"]["text"] == "Here is about tell me about kelp"
+
+
+def test_a_long_answers_digest_keeps_what_the_search_text_can_show(tmp_path: Path) -> None:
+    storage = PeeweeStorage(f"sqlite:///{tmp_path / 'fold.db'}")
+    storage.open()
+    try:
+        answers = ["kelp " * (MAX_SEARCH_TEXT // 4), "seaweed answer"]
+        for number, answer in enumerate(answers):
+            run = _run(f"run_{number}", "s-long")
+            storage.insert_run(run)
+            storage.touch_session_index(run)
+            events = [
+                Event(run.host_run_id, 1, "run.created", "gateway", {}),
+                Event(run.host_run_id, 2, "message.delta", "bench", {"text": answer}),
+                Event(run.host_run_id, 3, "run.completed", "gateway", {"status": "completed"}),
+            ]
+            storage.put_run_digest(run_digest(run, project_transcript(events, run_transcript(run))))
+        [(stored,)] = storage.database.execute_sql(
+            f"SELECT answer FROM {storage._rd} WHERE host_run_id = ?", ("run_0",)
+        ).fetchall()
+        assert stored == answers[0][:MAX_SEARCH_TEXT]
+        [(joined,)] = storage.database.execute_sql(f"SELECT answers FROM {storage._si}").fetchall()
+        assert joined == "\n".join(answers)[:MAX_SEARCH_TEXT]  # what the whole answers made
+        assert storage.search_session_index("alice", "kelp", limit=5)
+        assert not storage.search_session_index("alice", "seaweed", limit=5)  # past the cut, as before
+    finally:
+        storage.close()
+
+
+async def test_a_fold_that_fails_never_stops_the_run(make_gateway: Any, storage_kind: str, monkeypatch: Any) -> None:
+    """The fold runs inside the journal's publish: its failure is logged, the run goes on, and its
+    end is folded from its journal."""
+
+    def broken(self: RunFold, events: list[Event]) -> bool:
+        raise ValueError("a broken fold")
+
+    monkeypatch.setattr(RunFold, "add", broken)
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    _receipt, events = await run_to_end(client, body("s-broken", "tell me about kelp", "b1"), headers=auth(ALICE))
+    assert events[-1]["event"] == "run.completed"
+    [session] = (await get_json(client, "/v1/sessions"))["sessions"]
+    assert (session["messageCount"], session["toolCount"]) == (2, 1)
+    assert (await _indexer(client)).folds == {}
