@@ -1,7 +1,7 @@
 """Who is calling, and may they: the ``authenticate`` and ``authorize`` hooks (hookspecs/auth.py).
 
 The middleware asks :meth:`Auth.authenticate` for the caller of every non-public request and
-keeps the :class:`Actor` on the request (``request["identity"]``; ``request["actor"]`` is its
+keeps the :class:`Actor` on the request (``request[IDENTITY]``; ``request[ACTOR_ID]`` is its
 id, what the routes key runs and sessions by). Routes ask :meth:`Auth.authorize` before serving
 a resource. Both cost nothing beyond a flag test when no plugin takes part: with no
 authentication configured every caller is the one local actor, and with no ``authorize``
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from agent_gateway.tools import ToolCall
 
 LOCAL_ACTOR = "local"
-# Where the middleware keeps the caller: the Actor, and its id (what routes read).
-IDENTITY = "identity"
-ACTOR_ID = "actor"
 FORBIDDEN = "forbidden"
 # Actors (with their claims) that created runs lately, for ``tools:call``: at most this many.
 REMEMBERED_ACTORS = 4096
@@ -69,6 +66,11 @@ class Actor:
         if isinstance(workspaces, list | tuple | set | frozenset):
             return frozenset(w for w in workspaces if isinstance(w, str))
         return frozenset()  # a claim of another shape allows nothing rather than everything
+
+
+# Where the middleware keeps the caller: the Actor, and its id (what routes read).
+IDENTITY: web.RequestKey[Actor] = web.RequestKey("identity", Actor)
+ACTOR_ID: web.RequestKey[str] = web.RequestKey("actor", str)
 
 
 def bearer_token(request: web.Request) -> str | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from agent_gateway.affinity import ConversationAffinity, ConversationPlan
-from agent_gateway.auth import Actor, Auth, identity
+from agent_gateway.auth import ACTOR_ID, Actor, Auth, identity
 from agent_gateway.errors import ErrorShape, PluginError
 from agent_gateway.preferences import Preferences
 from agent_gateway.sse import RunEnded, Streams, stream_run
@@ -174,7 +174,7 @@ class PluginRoutes:
     @staticmethod
     def actor(request: web.Request) -> str:
         """The authenticated caller of ``request`` (its actor id)."""
-        actor: str = request["actor"]
+        actor: str = request[ACTOR_ID]
         return actor
 
     @staticmethod

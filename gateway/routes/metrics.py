@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent_gateway.auth import Auth
+from agent_gateway.auth import ACTOR_ID, Auth
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
 from agent_gateway.journal import Journal
@@ -141,7 +141,7 @@ def _labels(labels: dict[str, str]) -> str:
 
 def setup(app: web.Application, auth: Auth, sources: MetricSources) -> None:
     async def metrics(request: web.Request) -> web.Response:
-        if auth.authorizing and "actor" in request:  # a public /metrics has no caller to ask about
+        if auth.authorizing and ACTOR_ID in request:  # a public /metrics has no caller to ask about
             await auth.authorize(request, "metrics:read", {"type": "metrics"})
         return web.Response(
             text=render(sources),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from agent_gateway.auth import Auth, run_resource
+from agent_gateway.auth import ACTOR_ID, Auth, run_resource
 from agent_gateway.errors import ApiError
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def in_call_order(receipts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def setup(app: web.Application, auth: Auth, runs: RunManager, storage: Storage, executor: Executor) -> None:
     async def list_receipts(request: web.Request) -> web.Response:
-        run = await runs.get(request.match_info["host_run_id"], request["actor"])
+        run = await runs.get(request.match_info["host_run_id"], request[ACTOR_ID])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         if auth.authorizing:

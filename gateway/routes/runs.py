@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_gateway.auth import Auth, run_resource
+from agent_gateway.auth import ACTOR_ID, Auth, run_resource
 from agent_gateway.builtin import ui_projection
 from agent_gateway.errors import ApiError, error_response, read_json
 from agent_gateway.journal import Journal
@@ -101,7 +101,7 @@ class RunRoutes:
         self.deps = deps
 
     async def _run(self, request: web.Request, action: str = "runs:read") -> Run:
-        run = await self.deps.runs.get(request.match_info["host_run_id"], request["actor"])
+        run = await self.deps.runs.get(request.match_info["host_run_id"], request[ACTOR_ID])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         if self.deps.auth.authorizing:
@@ -126,10 +126,10 @@ class RunRoutes:
         # Checked before the run exists: a bad cursor must not leave a run behind.
         header = request.headers.get("Last-Event-ID") if stream else None
         after = _cursor(header, "Last-Event-ID") if header else 0
-        body = await self.deps.preferences.apply_run_defaults(request["actor"], await read_json(request))
+        body = await self.deps.preferences.apply_run_defaults(request[ACTOR_ID], await read_json(request))
         try:
             run, created = await self.deps.runs.create(
-                request["actor"], body, self.deps.auth.run_create_check(request), request.headers
+                request[ACTOR_ID], body, self.deps.auth.run_create_check(request), request.headers
             )
         except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry
             response = error_response(refused.status, refused.code, str(refused), **refused.extra)
@@ -208,7 +208,7 @@ class RunRoutes:
     async def cancel(self, request: web.Request) -> web.Response:
         if self.deps.auth.authorizing:
             await self._run(request, "runs:cancel")
-        run = await self.deps.runs.cancel(request.match_info["host_run_id"], request["actor"])
+        run = await self.deps.runs.cancel(request.match_info["host_run_id"], request[ACTOR_ID])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         response = _receipt(run)
@@ -223,7 +223,7 @@ class RunRoutes:
         if self.deps.auth.authorizing:
             await self._run(request, "runs:permission")
         run = await self.deps.runs.resolve_permission(
-            request.match_info["host_run_id"], request["actor"], request.match_info["request_id"], body["optionId"]
+            request.match_info["host_run_id"], request[ACTOR_ID], request.match_info["request_id"], body["optionId"]
         )
         return _receipt(run)
 
@@ -231,7 +231,7 @@ class RunRoutes:
         session_id = request.match_info["session_id"]
         if self.deps.auth.authorizing:
             await self.deps.auth.authorize(request, "sessions:read", {"type": "session", "id": session_id})
-        run = await self.deps.runs.active_run(request["actor"], session_id)
+        run = await self.deps.runs.active_run(request[ACTOR_ID], session_id)
         return web.json_response(
             {
                 "schema": "gateway.active_run.v1",

@@ -14,7 +14,7 @@ import re
 
 from aiohttp import web
 
-from agent_gateway.auth import Auth
+from agent_gateway.auth import ACTOR_ID, Auth
 from agent_gateway.errors import ApiError
 from agent_gateway.models import parse_cursor
 from agent_gateway.sse import Streams, stream_run
@@ -32,7 +32,7 @@ def setup(
         # Another actor's workspace ([workspaces] owners) answers like one that does not exist.
         if (
             not watcher.knows(workspace_id)
-            or not workspace_access.allows(request["actor"], workspace_id)
+            or not workspace_access.allows(request[ACTOR_ID], workspace_id)
             or not auth.may_use_workspace(request, workspace_id)  # the actor's workspaces claim
         ):
             raise workspace_not_found(workspace_id)

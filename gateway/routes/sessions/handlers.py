@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
+from agent_gateway.auth import ACTOR_ID
 from agent_gateway.errors import ApiError, read_json
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps
 from agent_gateway.routes.sessions.export import to_markdown
@@ -149,7 +150,7 @@ class SessionRoutes:
     async def _row(self, request: web.Request, action: str = "sessions:read") -> tuple[str, str, dict[str, Any]]:
         session_id = _session_id(request)
         await self.indexer.settle()
-        actor_id = request["actor"]
+        actor_id = request[ACTOR_ID]
         row = await self._db(self.deps.storage.get_session_index, actor_id, session_id)
         if row is None:
             raise ApiError(404, "session_not_found", "no such session")
@@ -186,7 +187,7 @@ class SessionRoutes:
                 request, "sessions:read", {"type": "session", "id": None, "agentId": agent_id}
             )
         await self.indexer.settle()
-        actor_id = request["actor"]
+        actor_id = request[ACTOR_ID]
         storage = self.deps.storage
         next_cursor: str | None = None
         if query:
@@ -343,7 +344,7 @@ class SessionRoutes:
             raise ApiError(400, "invalid_request", f'send {{"sessionIds": [...]}} with 1..{MAX_BULK} ids')
         session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
         await self.indexer.settle()
-        actor_id = request["actor"]
+        actor_id = request[ACTOR_ID]
         if self.deps.auth.authorizing:  # all or nothing: refuse before deleting any
             for session_id in session_ids:
                 await self.deps.auth.authorize(request, "sessions:delete", {"type": "session", "id": session_id})
