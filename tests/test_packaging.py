@@ -57,7 +57,7 @@ def test_every_module_of_the_checkout_is_in_the_wheel(wheel: Path) -> None:
         for path in (ROOT / folder).rglob("*"):
             # (vendored libraries ship their licences; `vendor/highlight.js` is a folder)
             licence = "vendor" in path.parts and path.name in ("LICENSE", "README.md")
-            code = path.suffix in (".py", ".json", ".html", ".js", ".css") and "__pycache__" not in path.parts
+            code = path.suffix in (".py", ".json", ".html", ".js", ".mjs", ".css") and "__pycache__" not in path.parts
             if path.is_file() and (code or licence):
                 expected.add(f"{installed_as}/{path.relative_to(ROOT / folder).as_posix()}")
     expected.add("agent_gateway/py.typed")
