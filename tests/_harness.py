@@ -9,7 +9,8 @@
   times), to prove delivery never waits on a database write.
 - :class:`RawSseClient`: an SSE client on a raw socket with a tiny receive buffer that reads only
   when told to (a slow browser), and :class:`SseParser`, an incremental SSE parser.
-- Gateway-process helpers for tests that run ``python -m agent_gateway.cli serve`` and SIGKILL it.
+- ``start_gateway_process``: ``python -m agent_gateway.cli serve`` through the suite's one starter
+  (``tests._cli.launch``), for tests that SIGKILL or restart the gateway.
 
 Every wait here is bounded; nothing sleeps to synchronise.
 """
@@ -26,7 +27,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from agent_gateway.testing.server import LoopThread as TestingLoopThread
 from agent_gateway.testing.sse import SseEvent
 from agent_gateway.testing.sse import SseParser as TestingSseParser
 from agent_gateway.testing.sse import sse_events as testing_sse_events
+from tests._cli import Served, launch
 
 ROOT = Path(__file__).resolve().parent.parent
 # contrib/ is never installed: the fake ACP agent runs as a script from the checkout.
@@ -439,52 +441,8 @@ def metric(samples: dict[str, dict[tuple[tuple[str, str], ...], float]], name: s
 
 # -- gateway processes -------------------------------------------------------------------------------------
 
-LISTENING = re.compile(r"^agent-gateway listening on (http://\S+)\s*$")
-
-
-@dataclass
-class GatewayProcess:
-    proc: asyncio.subprocess.Process
-    url: str
-    log_path: Path
-    drain: asyncio.Task[None]
-    agent_pids: set[int] = field(default_factory=set)
-
-    def log(self, tail: int = 6000) -> str:
-        return self.log_path.read_text(errors="replace")[-tail:] if self.log_path.exists() else ""
-
-    def kill(self) -> None:
-        """SIGKILL the gateway now (synchronously, so nothing runs between a decision and the kill)."""
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
-
-    async def wait(self) -> int:
-        async with asyncio.timeout(WAIT):
-            code = await self.proc.wait()
-        self.drain.cancel()
-        return code
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(WAIT):
-                    await self.proc.wait()
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        self.drain.cancel()
-
-
-def _read_log(path: Path) -> str:
-    return path.read_text(errors="replace")[-6000:] if path.exists() else ""
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+# One starter for every gateway subprocess (tests/_cli.py); here the `python -m` form, from the checkout.
+GatewayProcess = Served
 
 
 async def start_gateway_process(
@@ -494,43 +452,17 @@ async def start_gateway_process(
     env: dict[str, str] | None = None,
     args: Sequence[str] = (),
     start_timeout: float = 30.0,
-) -> GatewayProcess:
-    """`python -m agent_gateway.cli serve --port 0 --data-dir <data_dir> [args]`; stderr goes to `log_path`."""
+) -> Served:
+    """`python -m agent_gateway.cli serve --port 0 --data-dir <data_dir> [args]`; stderr goes to
+    `log_path`, stdout is drained after the listening line."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_GATEWAY")}
     full_env["PYTHONUNBUFFERED"] = "1"
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     full_env.update(env or {})
-    with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "agent_gateway.cli",
-            "serve",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            *args,
-            cwd=ROOT,
-            env=full_env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=log,
-        )
-    assert proc.stdout is not None
-    try:
-        async with asyncio.timeout(start_timeout):
-            first = (await proc.stdout.readline()).decode()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"the gateway did not start in {start_timeout} s:\n{_read_log(log_path)}") from None
-    match = LISTENING.match(first)
-    if match is None:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(f"unexpected first line {first!r}:\n{_read_log(log_path)}")
-    return GatewayProcess(proc, match.group(1), log_path, asyncio.create_task(_drain(proc.stdout)))
+    argv = [sys.executable, "-m", "agent_gateway.cli", "serve", "--port", "0", "--data-dir", str(data_dir), *args]
+    gateway = await launch(argv, env=full_env, cwd=ROOT, stderr_path=log_path, timeout=start_timeout)
+    gateway.drain_stdout()
+    return gateway
 
 
 def children_of(pid: int) -> list[int]:
