@@ -96,20 +96,26 @@ class FieldSpec:
     agent_id: str | None = None  # None: ai.common
     # A JSON Schema the value must satisfy beyond its kind and options (declared as "schema").
     schema: Mapping[str, Any] | None = field(default=None, compare=False)
-    # The validator of `value_schema`, built once when the field is declared.
-    _validator: Validator = field(init=False, repr=False, compare=False)
+    # Validators of the kind (and options) and of the declared schema, built once when the field
+    # is declared: an invalid schema is refused then, naming the field.
+    _kind_validator: Validator = field(init=False, repr=False, compare=False)
+    _schema_validator: Validator | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = f"settings field {self.key!r}" + (f" of agent {self.agent_id!r}" if self.agent_id else "")
-        if self.schema is not None:
-            compile_schema(self.schema, f"{owner}: schema")  # the declared part, named on its own
-        object.__setattr__(self, "_validator", compile_schema(self.value_schema, owner))
+        own = compile_schema(kind_schema(self.kind, self.options), owner)
+        declared = None if self.schema is None else compile_schema(self.schema, f"{owner}: schema")
+        object.__setattr__(self, "_kind_validator", own)
+        object.__setattr__(self, "_schema_validator", declared)
 
     @property
     def value_schema(self) -> dict[str, Any]:
-        """The JSON Schema of a value: the kind's (and options'), then the declared ``schema``."""
+        """The JSON Schema of a value: its kind's (and options'), and the declared ``schema``
+        (as a resource of its own, so its ``#`` references keep pointing into it)."""
         own = kind_schema(self.kind, self.options)
-        return own if self.schema is None else {"allOf": [own, dict(self.schema)]}
+        if self.schema is None:
+            return own
+        return {"allOf": [own, {"$id": f"urn:agent-gateway:setting:{self.key}", **self.schema}]}
 
     @property
     def scope(self) -> str:
@@ -143,17 +149,18 @@ class FieldSpec:
         )
 
     def check(self, value: Any) -> Any:
-        """Validate (and return) a value for this field against :attr:`value_schema`; raises
-        :class:`FieldError` naming the key."""
+        """Validate (and return) a value for this field against its kind and options, then its
+        declared ``schema`` (:attr:`value_schema`); raises :class:`FieldError` naming the key."""
         if self.kind == "integer" and isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
             value = int(value)  # JSON does not tell 3.0 from 3 (nor does JSON Schema's "integer")
-        error = first_error(self._validator, value)
-        if error is None:
-            return value
-        if self.schema is not None and list(error.relative_schema_path)[:2] == ["allOf", 1]:
-            # the declared schema: its own wording, the place named below the key
-            raise FieldError(error_message(error, self.key))
-        raise FieldError(self._kind_message(value, error))
+        error = first_error(self._kind_validator, value)
+        if error is not None:
+            raise FieldError(self._kind_message(value, error))
+        if self._schema_validator is not None:
+            error = first_error(self._schema_validator, value)
+            if error is not None:  # the declared schema: the place named below the key
+                raise FieldError(error_message(error, self.key))
+        return value
 
     def _kind_message(self, value: Any, error: ValidationError) -> str:
         """What a value of the wrong kind or outside the options is told (one sentence per kind)."""
