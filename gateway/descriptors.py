@@ -28,6 +28,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jsonschema.exceptions import ValidationError
+from jsonschema.protocols import Validator
+
+from agent_gateway.json_schema import compile_schema, error_message, first_error
+
 if TYPE_CHECKING:
     from agent_gateway.tools import Tool
 
@@ -53,8 +58,27 @@ def capability_key(scope: str, capability: str) -> str:
     return f"{scope}.capabilities.{capability}.enabled"
 
 
+# The JSON range of an integer setting (values beyond 64 bits are not JSON the gateway parses).
+INT64 = {"minimum": -(2**63) + 1, "maximum": 2**63 - 1}
+
+
 class FieldError(ValueError):
     """A value does not fit its field (message names the key and what was expected)."""
+
+
+def kind_schema(kind: str, options: tuple[Any, ...] | None) -> dict[str, Any]:
+    """The JSON Schema of a value of ``kind`` (restricted to ``options`` when given)."""
+    allowed = list(options) if options is not None else None
+    if kind == "string_list":
+        item: dict[str, Any] = {"type": "string"} if allowed is None else {"type": "string", "enum": allowed}
+        return {"type": "array", "items": item, "maxItems": 100}
+    kinds: dict[str, dict[str, Any]] = {
+        "boolean": {"type": "boolean"},
+        "integer": {"type": "integer", **INT64},
+        "string": {"type": "string", "maxLength": 10_000},
+    }
+    schema = kinds.get(kind, {"type": "string"})
+    return schema if allowed is None else {**schema, "enum": allowed}
 
 
 @dataclass(frozen=True)
@@ -70,6 +94,28 @@ class FieldSpec:
     capability_ids: tuple[str, ...] = ()
     description: str = ""
     agent_id: str | None = None  # None: ai.common
+    # A JSON Schema the value must satisfy beyond its kind and options (declared as "schema").
+    schema: Mapping[str, Any] | None = field(default=None, compare=False)
+    # Validators of the kind (and options) and of the declared schema, built once when the field
+    # is declared: an invalid schema is refused then, naming the field.
+    _kind_validator: Validator = field(init=False, repr=False, compare=False)
+    _schema_validator: Validator | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        owner = f"settings field {self.key!r}" + (f" of agent {self.agent_id!r}" if self.agent_id else "")
+        own = compile_schema(kind_schema(self.kind, self.options), owner)
+        declared = None if self.schema is None else compile_schema(self.schema, f"{owner}: schema")
+        object.__setattr__(self, "_kind_validator", own)
+        object.__setattr__(self, "_schema_validator", declared)
+
+    @property
+    def value_schema(self) -> dict[str, Any]:
+        """The JSON Schema of a value: its kind's (and options'), and the declared ``schema``
+        (as a resource of its own, so its ``#`` references keep pointing into it)."""
+        own = kind_schema(self.kind, self.options)
+        if self.schema is None:
+            return own
+        return {"allOf": [own, {"$id": f"urn:agent-gateway:setting:{self.key}", **self.schema}]}
 
     @property
     def scope(self) -> str:
@@ -99,31 +145,38 @@ class FieldSpec:
             capability_ids=tuple(raw.get("capabilityIds") or ()),
             description=str(raw.get("description") or ""),
             agent_id=agent_id,
+            schema=raw.get("schema"),
         )
 
     def check(self, value: Any) -> Any:
-        """Validate (and return) a value for this field; raises :class:`FieldError`."""
-        kind = self.kind
-        if kind == "boolean" and not isinstance(value, bool):
-            raise FieldError(f"{self.key} must be true or false")
-        if kind == "integer" and isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        """Validate (and return) a value for this field against its kind and options, then its
+        declared ``schema`` (:attr:`value_schema`); raises :class:`FieldError` naming the key."""
+        if self.kind == "integer" and isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
             value = int(value)  # JSON does not tell 3.0 from 3 (nor does JSON Schema's "integer")
-        if kind == "integer" and (not isinstance(value, int) or isinstance(value, bool) or abs(value) >= 2**63):
-            raise FieldError(f"{self.key} must be an integer (64-bit)")
-        if kind in ("string", "select") and not isinstance(value, str):
-            raise FieldError(f"{self.key} must be a string")
-        if kind == "string" and len(value) > 10_000:
-            raise FieldError(f"{self.key} is longer than 10000 characters")
-        if kind == "string_list":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 100:
-                raise FieldError(f"{self.key} must be a list of strings (at most 100)")
-        if self.options is not None:
-            items = value if kind == "string_list" else [value]
-            bad = [v for v in items if v not in self.options]
-            if bad:
-                choices = ", ".join(repr(o) for o in self.options)
-                raise FieldError(f"{self.key}: {bad[0]!r} is not one of {choices}")
+        error = first_error(self._kind_validator, value)
+        if error is not None:
+            raise FieldError(self._kind_message(value, error))
+        if self._schema_validator is not None:
+            error = first_error(self._schema_validator, value)
+            if error is not None:  # the declared schema: the place named below the key
+                raise FieldError(error_message(error, self.key))
         return value
+
+    def _kind_message(self, value: Any, error: ValidationError) -> str:
+        """What a value of the wrong kind or outside the options is told (one sentence per kind)."""
+        if error.validator == "enum" and self.options is not None:
+            items = value if isinstance(value, list) else [value]
+            bad = next((v for v in items if v not in self.options), value)
+            return f"{self.key}: {bad!r} is not one of {', '.join(repr(o) for o in self.options)}"
+        if self.kind == "boolean":
+            return f"{self.key} must be true or false"
+        if self.kind == "integer":
+            return f"{self.key} must be an integer (64-bit)"
+        if self.kind == "string_list":
+            return f"{self.key} must be a list of strings (at most 100)"
+        if isinstance(value, str):
+            return f"{self.key} is longer than 10000 characters"
+        return f"{self.key} must be a string"
 
     def to_wire(self, values: Mapping[str, Any]) -> dict[str, Any]:
         is_set = self.key in values
@@ -145,6 +198,8 @@ class FieldSpec:
             out["capabilityIds"] = list(self.capability_ids)
         if self.description:
             out["description"] = self.description
+        if self.schema is not None:
+            out["schema"] = self.schema
         return out
 
 

@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jsonschema.protocols import Validator
+
+from agent_gateway.json_schema import cached_validator, compile_schema, error_message, first_error, type_name
 from agent_gateway.models import Run, now_ms
 from agent_gateway.paths import FileVersion, PathError, ResolvedPath, current_version, resolve_path
 from agent_gateway.workspace_access import WorkspaceAccess
@@ -94,8 +97,9 @@ class ToolError(Exception):
 class Tool:
     """A tool as plugins register it.
 
-    ``input_schema`` is the JSON schema of the arguments (the subset :func:`validate_schema`
-    understands). ``path_arguments`` name top-level string arguments that are paths: they are
+    ``input_schema`` is the JSON Schema of the arguments (Draft 2020-12 unless it names another
+    ``$schema``), checked when the tool is registered and enforced by :func:`validate_schema`.
+    ``path_arguments`` name top-level string arguments that are paths: they are
     resolved and checked before the handler runs (``path_must_exist=False`` lets a tool name a
     file it will create). ``scope_paths`` returns further paths taken from the run (e.g. the
     current page); a None value refuses the call with ``not_found``. ``writes=True`` turns on
@@ -251,87 +255,25 @@ class WriteObserver(Protocol):
 
 # -- argument validation ---------------------------------------------------------------------------
 
-_TYPES: dict[str, Callable[[Any], bool]] = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-}
-
-
-def _type_name(value: Any) -> str:
-    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
-        if _TYPES[name](value):
-            return name
-    return type(value).__name__
-
 
 def validate_schema(value: Any, schema: Mapping[str, Any], where: str = "arguments") -> None:
-    """Validate against the JSON-schema subset tools use: ``type`` (one or a list), ``enum``,
-    ``properties``, ``required``, ``additionalProperties`` (false or a schema), ``items``,
-    ``minItems``/``maxItems``, ``minLength``/``maxLength``, ``pattern``, ``minimum``/``maximum``,
-    ``oneOf``/``anyOf``. Raises ToolError(invalid_arguments) naming the offending place."""
-    expected = schema.get("type")
-    if expected is not None:
-        names = [expected] if isinstance(expected, str) else list(expected)
-        if not any(_TYPES[n](value) for n in names):
-            raise ToolError("invalid_arguments", f"{where} must be {' or '.join(names)}, got {_type_name(value)}")
-    if "enum" in schema and value not in schema["enum"]:
-        choices = ", ".join(repr(c) for c in schema["enum"])
-        raise ToolError("invalid_arguments", f"{where} must be one of {choices}")
-    if isinstance(value, str):
-        if "maxLength" in schema and len(value) > schema["maxLength"]:
-            raise ToolError("invalid_arguments", f"{where} is longer than {schema['maxLength']} characters")
-        if "minLength" in schema and len(value) < schema["minLength"]:
-            raise ToolError("invalid_arguments", f"{where} is shorter than {schema['minLength']} characters")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            raise ToolError("invalid_arguments", f"{where} does not match {schema['pattern']}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            raise ToolError("invalid_arguments", f"{where} must be at least {schema['minimum']}")
-        if "maximum" in schema and value > schema["maximum"]:
-            raise ToolError("invalid_arguments", f"{where} must be at most {schema['maximum']}")
-    if isinstance(value, list):
-        if "minItems" in schema and len(value) < schema["minItems"]:
-            raise ToolError("invalid_arguments", f"{where} needs at least {schema['minItems']} item(s)")
-        if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise ToolError("invalid_arguments", f"{where} allows at most {schema['maxItems']} item(s)")
-        if isinstance(schema.get("items"), Mapping):
-            for i, item in enumerate(value):
-                validate_schema(item, schema["items"], f"{where}[{i}]")
-    if isinstance(value, dict):
-        properties = schema.get("properties") or {}
-        for key in schema.get("required") or ():
-            if key not in value:
-                raise ToolError("invalid_arguments", f"{where}.{key} is required")
-        extra = schema.get("additionalProperties", True)
-        for key, item in value.items():
-            if key in properties:
-                validate_schema(item, properties[key], f"{where}.{key}")
-            elif extra is False:
-                known = ", ".join(sorted(properties)) or "none"
-                raise ToolError("invalid_arguments", f"{where}.{key} is not a known argument (known: {known})")
-            elif isinstance(extra, Mapping):
-                validate_schema(item, extra, f"{where}.{key}")
-    for keyword in ("oneOf", "anyOf"):
-        if keyword not in schema:
-            continue
-        matches = 0
-        for option in schema[keyword]:
-            try:
-                validate_schema(value, option, where)
-                matches += 1
-            except ToolError:
-                pass
-        if (keyword == "oneOf" and matches != 1) or (keyword == "anyOf" and matches == 0):
-            groups = [" + ".join(o.get("required", [])) for o in schema[keyword] if o.get("required")]
-            hint = f"give exactly one of: {'; '.join(groups)}" if groups else f"must match {keyword}"
-            if keyword == "anyOf":
-                hint = f"give at least one of: {'; '.join(groups)}" if groups else hint
-            raise ToolError("invalid_arguments", f"{where}: {hint}")
+    """Validate ``value`` against the JSON Schema ``schema`` (Draft 2020-12 unless its ``$schema``
+    names another dialect) with the complete `jsonschema` validator: every keyword is enforced
+    (``$ref``/``$defs``, ``allOf``, ``not``, ``const``, ``if``/``then``/``else``,
+    ``patternProperties``, ``uniqueItems``, ``dependentRequired``, ``format``, ...).
+
+    Raises ToolError(invalid_arguments) naming the offending place below ``where``
+    (``arguments.edits[0].search is required``, ``arguments.x must be string, got integer``).
+    The schema is checked and its validator built on first use, then cached (keyed by the schema
+    object): a schema that is not valid JSON Schema, or uses a keyword Draft 2020-12 does not
+    define, raises ValueError. Tools' schemas are checked when the tool is registered."""
+    _raise_invalid(cached_validator(schema, f"the schema for {where}"), value, where)
+
+
+def _raise_invalid(validator: Validator, value: Any, where: str) -> None:
+    error = first_error(validator, value)
+    if error is not None:
+        raise ToolError("invalid_arguments", error_message(error, where))
 
 
 # -- summaries ----------------------------------------------------------------------------------------
@@ -431,6 +373,7 @@ class ToolFacade:
         self.journal = journal
         self.workspace_roots = dict(workspace_roots or {})
         self._tools: dict[str, Tool] = {}
+        self._validators: dict[str, Validator] = {}
         self.write_observers: list[WriteObserver] = []
         # Re-resolved on the server when each run starts, whatever a client cached.
         self.disabled_by_run: dict[str, frozenset[str]] = {}
@@ -444,6 +387,8 @@ class ToolFacade:
                 raise ValueError(f"tool name {tool.name!r} must match {TOOL_NAME.pattern}")
             if tool.name in self._tools:
                 raise ValueError(f"tool {tool.name!r} registered twice")
+            # Checked here, once: a bad schema stops the gateway at start-up, naming the tool.
+            self._validators[tool.name] = compile_schema(tool.input_schema, f"tool {tool.name!r}: input_schema")
             self._tools[tool.name] = tool
 
     @property
@@ -494,8 +439,8 @@ class ToolFacade:
                 if not allowed:
                     raise ToolError("forbidden", f"actor {scope.actor_id[:80]!r} may not tools:call {tool.name}")
             if not isinstance(arguments, dict):
-                raise ToolError("invalid_arguments", f"arguments must be an object, got {_type_name(arguments)}")
-            validate_schema(arguments, tool.input_schema)
+                raise ToolError("invalid_arguments", f"arguments must be an object, got {type_name(arguments)}")
+            _raise_invalid(self._validators[tool.name], arguments, "arguments")
             named: dict[str, str | None] = {key: arguments.get(key) for key in tool.path_arguments if key in arguments}
             if tool.scope_paths is not None:
                 named.update(tool.scope_paths(scope))

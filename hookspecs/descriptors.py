@@ -27,7 +27,10 @@ def register_setting_fields(register: Callable[[dict[str, Any]], None], config: 
     - ``auth``: ``"user"`` (default) or ``"admin"`` (filtered out on the server for others);
     - ``secret``: True for keys and tokens: never returned in clear, only ``isSet``;
     - ``capabilityIds`` (optional): the field is hidden when one of them is disabled;
-    - ``description`` (optional).
+    - ``description`` (optional);
+    - ``schema`` (optional): a JSON Schema (Draft 2020-12) values must also satisfy, checked when
+      the descriptors are built (an invalid one is an error naming the field) and enforced with
+      ``jsonschema``.
 
     A runtime declares its own per-agent fields in ``describe()["fields"]`` instead (keys without
     the ``ai.agent.<agentId>.`` prefix). Called once, lazily, when descriptors are first built.

@@ -3,12 +3,22 @@ storage hook, isolation between actors."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from agent_gateway.descriptors import DescriptorRegistry, FieldError, FieldSpec
+from agent_gateway.hookspecs import hookimpl
 from tests._descriptors import (
     ALICE,
     BOB,
     MakeClient,
     ToolAgent,
     ToolAgentPlugin,
+    agents_of,
     make_client_fixture,  # noqa: F401  (the fixture `make_client`)
     put_prefs,
 )
@@ -116,3 +126,91 @@ async def test_runs_read_preferences_from_memory_and_see_every_update(make_clien
 
     (await gateway.preferences.load_values("alice"))["ai.common.defaultAgent"] = "tool-agent"
     assert (await gateway.preferences.apply_run_defaults("alice", body))["agentId"] == "chat-only"
+
+
+# -- settings fields with a declared JSON Schema ------------------------------------------------------
+
+
+class SchemaFields:
+    """Declares fields whose values must also fit a JSON Schema, with keywords the gateway used to
+    ignore: $ref/$defs, allOf, not, const, if/then, uniqueItems, format."""
+
+    @hookimpl
+    def register_setting_fields(self, register: Callable[[dict[str, Any]], None], config: Any) -> None:
+        fields: dict[str, tuple[str, dict[str, Any]]] = {
+            "ref": ("string", {"$defs": {"slug": {"pattern": "^[a-z-]+$"}}, "$ref": "#/$defs/slug"}),
+            "allOf": ("integer", {"allOf": [{"minimum": 1}, {"maximum": 10}]}),
+            "not": ("string", {"not": {"const": "root"}}),
+            "const": ("boolean", {"const": True}),
+            "ifThen": ("string", {"if": {"pattern": "^https:"}, "then": {"maxLength": 20}}),
+            "unique": ("string_list", {"uniqueItems": True}),
+            "email": ("string", {"format": "email"}),
+        }
+        for name, (kind, schema) in fields.items():
+            register({"key": f"ai.common.test.{name}", "label": name, "kind": kind, "schema": schema})
+
+
+SCHEMA_CASES = [
+    ("ref", "my-space", "My Space", "ai.common.test.ref does not match ^[a-z-]+$"),
+    ("allOf", 10, 11, "ai.common.test.allOf must be at most 10"),
+    ("not", "home", "root", 'ai.common.test.not must not match {"const": "root"}'),
+    ("const", True, False, "ai.common.test.const must be True"),
+    ("ifThen", "https://a.example", "https://" + "a" * 20, "ai.common.test.ifThen is longer than 20 characters"),
+    ("unique", ["a", "b"], ["a", "a"], "ai.common.test.unique must not hold the same item twice"),
+    ("email", "a@example.org", "nobody", "ai.common.test.email is not a valid email"),
+]
+
+
+async def test_declared_schemas_are_enforced(make_client: MakeClient) -> None:
+    client = await make_client(extra=(SchemaFields(),))
+    for name, good, bad, message in SCHEMA_CASES:
+        key = f"ai.common.test.{name}"
+        body = await put_prefs(client, ALICE, {key: bad}, status=400)
+        assert body["error"]["code"] == "invalid_preference", body
+        assert body["error"]["message"] == message
+        assert body["error"]["key"] == key
+        assert (await put_prefs(client, ALICE, {key: good}))["values"][key] == good
+    # the kind still comes first, in its own words
+    body = await put_prefs(client, ALICE, {"ai.common.test.allOf": "3"}, status=400)
+    assert body["error"]["message"] == "ai.common.test.allOf must be an integer (64-bit)"
+    # the descriptor shows the declared schema, the served OpenAPI document enforces it too
+    fields = {f["key"]: f for f in (await agents_of(client, ALICE))["chat-only"]["fields"]}
+    assert fields["ai.common.test.allOf"]["schema"] == {"allOf": [{"minimum": 1}, {"maximum": 10}]}
+    served = await (await client.get("/openapi.json", headers=ALICE)).json()
+    allof = served["components"]["schemas"]["PreferenceValues"]["properties"]["ai.common.test.allOf"]
+    assert allof["anyOf"][0] == {"type": "null"} and allof["anyOf"][1]["allOf"][1]["allOf"][1] == {"maximum": 10}
+    ref = served["components"]["schemas"]["PreferenceValues"]["properties"]["ai.common.test.ref"]["anyOf"][1]
+    validator = Draft202012Validator(ref)  # the served schema keeps its $ref working: its own $id
+    assert validator.is_valid("my-space") and not validator.is_valid("My Space")
+
+
+def test_an_invalid_field_schema_is_refused_at_declaration(caplog: pytest.LogCaptureFixture) -> None:
+    """Refused when the descriptors are built, naming the field (and the agent for its own
+    fields), rather than ignored on every write."""
+    bad_plugin_field = {"key": "ai.common.test.n", "kind": "integer", "schema": {"minimum": "one"}}
+    with pytest.raises(ValueError, match=r"settings field 'ai.common.test.n': schema is not a valid JSON Schema"):
+        DescriptorRegistry({}, {}, [bad_plugin_field])
+    typo = {"key": "ai.common.test.n", "kind": "integer", "schema": {"maximun": 3}}
+    with pytest.raises(ValueError, match=r"at /: Unevaluated properties are not allowed \('maximun' was unexpected\)"):
+        DescriptorRegistry({}, {}, [typo])
+
+    class Agent:
+        def describe(self) -> dict[str, Any]:
+            return {"fields": [{"key": "depth", "kind": "integer", "schema": {"type": "integer", "enum": 3}}]}
+
+    with caplog.at_level(logging.WARNING, logger="agent_gateway.descriptors"):
+        registry = DescriptorRegistry({"deep": Agent()}, {}, [])
+    assert registry.field("ai.agent.deep.depth") is None  # a runtime's bad field is left out, said once
+    assert "agent deep declares a bad field: settings field 'ai.agent.deep.depth' of agent 'deep'" in caplog.text
+
+
+def test_field_values_are_checked_by_one_cached_validator() -> None:
+    spec = FieldSpec.from_declaration({"key": "ai.common.x", "kind": "string_list", "options": ["a", "b"]})
+    assert spec.value_schema == {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}, "maxItems": 100}
+    assert spec.check(["a"]) == ["a"]
+    with pytest.raises(FieldError, match=r"ai.common.x: 'c' is not one of 'a', 'b'"):
+        spec.check(["a", "c"])
+    with pytest.raises(FieldError, match=r"must be a list of strings \(at most 100\)"):
+        spec.check(["a"] * 101)
+    again = FieldSpec.from_declaration({"key": "ai.common.y", "kind": "string_list", "options": ["a", "b"]})
+    assert again._kind_validator is spec._kind_validator  # the same schema: checked and built once

@@ -19,6 +19,7 @@ import agent_gateway.plugins.workspace as workspace_plugin
 from agent_gateway.app import GATEWAY_KEY, create_app
 from agent_gateway.config import Config
 from agent_gateway.hookspecs import hookimpl
+from agent_gateway.json_schema import cached_validator, compile_schema
 from agent_gateway.models import Run
 from agent_gateway.paths import PathError, resolve_path
 from agent_gateway.plugin_host import PluginHost
@@ -548,6 +549,164 @@ def test_validate_schema_subset() -> None:
     ]:
         with pytest.raises(ToolError, match=fragment.replace("(", r"\(")):
             validate_schema(bad, schema)
+
+
+# Keywords the hand-written subset validator skipped without a word: each is enforced now.
+# (schema, a value it accepts, a value it refuses, what the refusal says)
+ENFORCED_KEYWORDS = [
+    pytest.param(
+        {
+            "type": "object",
+            "$defs": {"name": {"type": "string", "minLength": 2}},
+            "properties": {"n": {"$ref": "#/$defs/name"}},
+        },
+        {"n": "ab"},
+        {"n": "a"},
+        "arguments.n is shorter than 2 characters",
+        id="$ref+$defs",
+    ),
+    pytest.param(
+        {"allOf": [{"type": "object"}, {"required": ["a"]}]},
+        {"a": 1},
+        {"b": 1},
+        "arguments.a is required",
+        id="allOf",
+    ),
+    pytest.param(
+        {"type": "object", "not": {"required": ["a", "b"]}},
+        {"a": 1},
+        {"a": 1, "b": 2},
+        'arguments must not match {"required": ["a", "b"]}',
+        id="not",
+    ),
+    pytest.param(
+        {"type": "object", "properties": {"v": {"const": 2}}},
+        {"v": 2},
+        {"v": 3},
+        "arguments.v must be 2",
+        id="const",
+    ),
+    pytest.param(
+        {
+            "type": "object",
+            "if": {"properties": {"kind": {"const": "file"}}, "required": ["kind"]},
+            "then": {"required": ["path"]},
+        },
+        {"kind": "file", "path": "a"},
+        {"kind": "file"},
+        "arguments.path is required",
+        id="if/then",
+    ),
+    pytest.param(
+        {"type": "array", "uniqueItems": True},
+        [1, 2],
+        [1, 1],
+        "arguments must not hold the same item twice",
+        id="uniqueItems",
+    ),
+    pytest.param(
+        {"type": "object", "patternProperties": {"^x_": {"type": "integer"}}},
+        {"x_a": 1, "other": "s"},
+        {"x_a": "s"},
+        "arguments.x_a must be integer, got string",
+        id="patternProperties",
+    ),
+    pytest.param(
+        {"type": "object", "dependentRequired": {"start": ["end"]}},
+        {"start": 1, "end": 2},
+        {"start": 1},
+        "arguments.end is required when start is given",
+        id="dependentRequired",
+    ),
+    pytest.param(
+        {"type": "object", "properties": {"to": {"type": "string", "format": "email"}}},
+        {"to": "a@example.org"},
+        {"to": "nobody"},
+        "arguments.to is not a valid email",
+        id="format",
+    ),
+    pytest.param(
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+        {"a": 1},
+        {"a": 1, "b": 2},
+        "arguments.b is not a known argument (known: a)",
+        id="additionalProperties",
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "good", "bad", "message"), ENFORCED_KEYWORDS)
+def test_validate_schema_enforces_every_keyword(schema: dict[str, Any], good: Any, bad: Any, message: str) -> None:
+    validate_schema(good, schema)
+    with pytest.raises(ToolError) as info:
+        validate_schema(bad, schema)
+    assert info.value.code == "invalid_arguments"
+    assert info.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("schema", "good", "bad", "message"), [p for p in ENFORCED_KEYWORDS if isinstance(p.values[1], dict)]
+)
+async def test_tool_calls_enforce_every_keyword(
+    make_harness: HarnessFactory, schema: dict[str, Any], good: Any, bad: Any, message: str
+) -> None:
+    """The same keywords through the facade (arguments are objects): checked on every call."""
+
+    class Strict:
+        @hookimpl
+        def register_tools(self, register: Callable[[Any], None], config: Any) -> None:
+            async def handler(call: ToolCall) -> dict[str, Any]:
+                return {"ok": True}
+
+            register(Tool("test.strict", "checks its arguments", schema, ("test",), handler))
+
+    h = await make_harness(extra_plugins=(Strict(),))
+    assert (await h.call("test.strict", good))["ok"] is True
+    error = await h.refused("test.strict", bad, "invalid_arguments")
+    assert error.message == message
+    assert h.receipts()[-1]["reason"] == message
+
+
+@pytest.mark.parametrize(
+    ("schema", "fragment"),
+    [
+        ({"type": "objekt"}, "at /type: 'objekt' is not valid"),
+        ({"type": "object", "properties": {"a": {"type": "string", "minLenght": 3}}}, "at /properties/a:"),
+        ({"type": "object", "required": "path"}, "at /required: 'path' is not of type 'array'"),
+        ({"$defs": {"d": {"bogus": 1}}, "$ref": "#/$defs/d"}, "'bogus' was unexpected"),
+        ({"type": "string", "format": "date-time"}, "format 'date-time' cannot be checked here"),
+    ],
+)
+def test_an_invalid_input_schema_is_refused_at_registration(h: Harness, schema: Any, fragment: str) -> None:
+    """Refused when the tool is registered (the gateway does not start), naming the tool; never
+    ignored at call time."""
+    tool = h.facade.tools["workspace.read_file"]
+    bad = Tool("test.bad_schema", "", schema, (), tool.handler)
+    with pytest.raises(ValueError, match=r"tool 'test\.bad_schema': input_schema is not a valid JSON Schema") as info:
+        ToolFacade([bad], None, h.storage, None, None)
+    assert fragment in str(info.value)
+
+
+def test_x_extensions_and_annotations_are_accepted(h: Harness) -> None:
+    tool = h.facade.tools["workspace.read_file"]
+    schema = {
+        "type": "object",
+        "title": "t",
+        "description": "d",
+        "x-ui-hint": "path",
+        "properties": {"p": {"type": "string", "default": "a", "examples": ["b"], "deprecated": True}},
+    }
+    ToolFacade([Tool("test.annotated", "", schema, (), tool.handler)], None, h.storage, None, None)
+
+
+def test_validate_schema_keeps_its_validator() -> None:
+    """Built once per schema and reused: the per-call cost is the validation alone."""
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    validate_schema({"a": "x"}, schema)
+    assert cached_validator(schema) is cached_validator(schema)
+    assert cached_validator(schema) is compile_schema(dict(schema))  # an equal schema: the same one
+    with pytest.raises(ValueError, match="the schema for body is not a valid JSON Schema"):
+        validate_schema({}, {"type": 3}, "body")
 
 
 def test_apply_edits_handles_crlf_files() -> None:

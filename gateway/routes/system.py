@@ -52,25 +52,16 @@ log = logging.getLogger("agent_gateway.health")
 COMMIT_VOUCHES_S = 1.0
 
 
-# The JSON range of an integer preference (values beyond 64 bits are not JSON the gateway parses).
-INT64 = {"minimum": -(2**63) + 1, "maximum": 2**63 - 1}
-
-
 def preference_schema(spec: FieldSpec) -> dict[str, Any]:
     """The JSON schema of one preference value, as ``FieldSpec.check`` accepts it (null removes it)."""
-    options = list(spec.options) if spec.options is not None else None
-    if spec.kind == "string_list":
-        item: dict[str, Any] = {"type": "string"} if options is None else {"enum": options}
-        return {"type": ["array", "null"], "items": item, "maxItems": 100, "description": spec.label}
-    if options is not None:
-        return {"enum": [*options, None], "description": spec.label}
-    schema: dict[str, Any] = {
-        "boolean": {"type": ["boolean", "null"]},
-        "integer": {"type": ["integer", "null"], **INT64},
-    }.get(spec.kind, {"type": ["string", "null"]})
-    if spec.kind == "string":
-        schema = {**schema, "maxLength": 10_000}
-    return {**schema, "description": spec.label}
+    schema = spec.value_schema
+    if "type" in schema:  # a kind alone: null added to its type (and options)
+        nullable = {**schema, "type": [schema["type"], "null"]}
+        if "enum" in schema:
+            nullable["enum"] = [*schema["enum"], None]
+    else:
+        nullable = {"anyOf": [{"type": "null"}, schema]}
+    return {**nullable, "description": spec.label}
 
 
 async def served_spec(
