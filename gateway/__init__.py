@@ -46,6 +46,11 @@ _EXPORTS: dict[str, str] = {
     "PluginError": "agent_gateway.errors",
     # the door plugin routes go through (register_routes)
     "PluginRoutes": "agent_gateway.plugin_routes",
+    # routes declared once: validation and /openapi.json from the same models
+    "Route": "agent_gateway.declare",
+    "RouteResponse": "agent_gateway.declare",
+    "NonBlankText": "agent_gateway.declare",
+    "Identifier": "agent_gateway.declare",
     # what gateway_startup / gateway_shutdown get
     "GatewayContext": "agent_gateway.lifecycle",
     # who is calling (the authenticate and authorize hooks)
@@ -125,6 +130,10 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "ApiError",
     "PluginError",
     "PluginRoutes",
+    "Route",
+    "RouteResponse",
+    "NonBlankText",
+    "Identifier",
     "GatewayContext",
     "Actor",
     "bearer_token",
@@ -177,6 +186,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner
     from agent_gateway.config import Config
+    from agent_gateway.declare import Identifier, NonBlankText, Route, RouteResponse
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, PluginError, read_json
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl

@@ -520,7 +520,7 @@ def create_app(config: Config | None = None, plugins: PluginHost | None = None) 
         gw.runs,
         gw.coordinator,
     )
-    system.setup(app, system_sources, plugin_routes.openapi_paths)
+    system.setup(app, system_sources, plugin_routes.openapi_paths, plugin_routes.openapi_components)
     receipts.setup(app, gw.auth, gw.runs, gw.storage, gw.executor)
     metric_sources = metrics.MetricSources(
         gw.runs,

@@ -13,18 +13,20 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from aiohttp import web
 
 from agent_gateway.affinity import ConversationAffinity, ConversationPlan
+from agent_gateway.api_models import RunRequest
 from agent_gateway.auth import ACTOR_ID, Actor, Auth, identity
+from agent_gateway.declare import PATH_VARIABLE as _VARIABLE
+from agent_gateway.declare import Route, merge_components, openapi_path, parse_model
 from agent_gateway.errors import ErrorShape, PluginError
 from agent_gateway.preferences import Preferences
 from agent_gateway.sse import RunEnded, Streams, stream_run
@@ -46,13 +48,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 ShutdownCallback = Callable[[], Awaitable[object] | object]
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 PLUGIN_PREFIX = "/v1/"
-# aiohttp path variables, `{name}` or `{name:regex}`; OpenAPI writes them `{name}`
-_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[^{}]*)?\}")
-
-
-def openapi_path(path: str) -> str:
-    """The OpenAPI form of an aiohttp route path (``{name:regex}`` becomes ``{name}``)."""
-    return _VARIABLE.sub(r"{\1}", path)
 
 
 def _shape(path: str) -> str:
@@ -87,12 +82,17 @@ class PluginRoutes:
         self._deps = deps
         self._router = router
         self._openapi: dict[str, dict[str, Any]] = {}
+        self._components: dict[str, Any] = {}  # the declared routes' component schemas, by name
         self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
         self._on_shutdown: list[ShutdownCallback] = []
         self._closed = False
         self._conversations: ConversationAffinity | None = None
 
     # -- declaring routes (only while register_routes runs) -----------------------------------------
+    @overload
+    def add(self, route: Route[Any, Any], handler: Handler, /) -> None: ...
+
+    @overload
     def add(
         self,
         method: str,
@@ -101,16 +101,51 @@ class PluginRoutes:
         *,
         openapi: Mapping[str, Any] | None = None,
         error_shape: ErrorShape | None = None,
-    ) -> None:
-        """Serve ``method path`` with ``handler`` and describe it in ``/openapi.json``.
+    ) -> None: ...
 
-        ``path`` is under ``/v1/`` and uses aiohttp's ``{variable}`` syntax; name its variables as
-        the OpenAPI document does (``{hostRunId}``), they are the same path there. ``openapi`` is
-        the OpenAPI operation object (``summary``, ``requestBody``, ``responses``, ...); without
-        one the route is listed with a bare placeholder. A route the core or another plugin
-        already serves is a :class:`agent_gateway.PluginError`. ``error_shape(status, code,
-        message, extra)``, when given, returns the JSON error body of every refusal on this path
-        (another protocol's error shape), those of the core's middleware (401, 403, 413) included."""
+    def add(
+        self,
+        method: str | Route[Any, Any],
+        path: str | Handler,
+        handler: Handler | None = None,
+        *,
+        openapi: Mapping[str, Any] | None = None,
+        error_shape: ErrorShape | None = None,
+    ) -> None:
+        """Serve a route with ``handler`` and describe it in ``/openapi.json``.
+
+        ``routes.add(route, handler)``: ``route`` is an :class:`agent_gateway.Route` declaration
+        (method, path, body and query models, responses, ``error_shape``); the document's
+        operation and component schemas come from it, and the handler validates with it
+        (``await route.read_body(request)``). The older form, ``routes.add(method, path,
+        handler, openapi=..., error_shape=...)``, takes the OpenAPI operation object as written
+        (``summary``, ``requestBody``, ``responses``, ...); without one the route is listed with
+        a bare placeholder.
+
+        The path is under ``/v1/`` and uses aiohttp's ``{variable}`` syntax; name its variables
+        as the OpenAPI document does (``{hostRunId}``), they are the same path there. A route the
+        core or another plugin already serves is a :class:`agent_gateway.PluginError`.
+        ``error_shape(status, code, message, extra)``, when given, returns the JSON error body of
+        every refusal on this path (another protocol's error shape), those of the core's
+        middleware (401, 403, 413) included."""
+        components: dict[str, Any] = {}
+        if isinstance(method, Route):
+            route, handler = method, path  # type: ignore[assignment]
+            method, path = route.method, route.path
+            operation, components = route.openapi_operation()
+            error_shape = route.error_shape
+        elif not isinstance(path, str) or handler is None:
+            raise PluginError("routes.add takes (route, handler) or (method, path, handler)")
+        else:
+            operation = (
+                dict(openapi)
+                if openapi is not None
+                else {
+                    "summary": f"{method} {path} (a plugin route without an OpenAPI description)",
+                    "responses": {"default": {"description": "See the plugin's documentation."}},
+                }
+            )
+        assert handler is not None and isinstance(path, str)  # (narrowed above)
         method = method.upper()
         if self._closed:
             raise PluginError(f"route {method} {path}: routes can only be added while register_routes runs")
@@ -120,22 +155,17 @@ class PluginRoutes:
             raise PluginError(f"route {method} {path}: plugin routes live under {PLUGIN_PREFIX}<plugin area>/")
         if self._serves(method, path):
             raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
+        # checked before the route is served: a clash leaves nothing behind
+        merge_components(dict(self._components), components, f"route {method} {path}")
         if self._deps.auth.authorizing:  # only then: no extra frame per request otherwise
             handler = self._authorized(handler)
         if method == "GET":
-            route = self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
+            served = self._router.add_get(path, handler)  # and HEAD, as the core's GET routes
         else:
-            route = self._router.add_route(method, path, handler)
-        if error_shape is not None and route.resource is not None:
-            self.error_shapes[route.resource.canonical] = error_shape
-        operation = (
-            dict(openapi)
-            if openapi is not None
-            else {
-                "summary": f"{method} {path} (a plugin route without an OpenAPI description)",
-                "responses": {"default": {"description": "See the plugin's documentation."}},
-            }
-        )
+            served = self._router.add_route(method, path, handler)
+        if error_shape is not None and served.resource is not None:
+            self.error_shapes[served.resource.canonical] = error_shape
+        self._components.update(components)  # (in place: the core holds a live view)
         self._openapi.setdefault(openapi_path(path), {})[method.lower()] = operation
 
     def _authorized(self, handler: Handler) -> Handler:
@@ -206,8 +236,10 @@ class PluginRoutes:
         ``workspaces`` claim and the ``authorize`` hooks (``runs:create``) are asked. Refusals are
         :class:`agent_gateway.ApiError` (a 429 carries ``retryAfterSeconds`` in ``extra``)."""
         actor = self.actor(request)
-        filled = await self._deps.preferences.apply_run_defaults(actor, dict(body))
-        return await self._deps.runs.create(actor, filled, self._deps.auth.run_create_check(request), request.headers)
+        sent = parse_model(RunRequest, dict(body)).request()  # validated as sent, then the defaults
+        filled = await self._deps.preferences.apply_run_defaults(actor, sent)
+        check = self._deps.auth.run_create_check(request)
+        return await self._deps.runs.create(actor, filled, check, request.headers, validated=True)
 
     async def run_by_request(
         self, actor_id: str, session_id: str, request_id: str, workspace_id: str = "default"
@@ -366,6 +398,11 @@ class PluginRoutes:
     def openapi_paths(self) -> Mapping[str, Mapping[str, Any]]:
         """The OpenAPI path items of every plugin route, read-only."""
         return MappingProxyType(self._openapi)
+
+    @property
+    def openapi_components(self) -> Mapping[str, Any]:
+        """The component schemas the declared plugin routes refer to, by name (read when served)."""
+        return MappingProxyType(self._components)
 
     def close(self) -> None:
         """No more routes: called once every plugin's register_routes has run."""

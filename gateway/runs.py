@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import logging
-import re
 import secrets
 import time
 from collections import Counter
@@ -22,7 +21,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent_gateway.agent_receipts import NOT_AGENT_SOURCES, TOOL_EVENT_KINDS, AgentToolLedger
+from agent_gateway.api_models import RunRequest
 from agent_gateway.cluster import Coordinator
+from agent_gateway.declare import VISIBLE as DECLARED_VISIBLE
+from agent_gateway.declare import parse_model
 from agent_gateway.descriptors import AgentAvailability
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
@@ -40,8 +42,7 @@ from agent_gateway.sessions import SessionStrategy, TranscriptStrategy
 from agent_gateway.storage import RequestConflict, Storage
 from agent_gateway.telemetry import NO_TRACE, RunTrace
 from agent_gateway.tools import ToolFacade
-from agent_gateway.webhooks import url_problem
-from agent_gateway.workspace_access import DEFAULT_WORKSPACE, WorkspaceAccess
+from agent_gateway.workspace_access import WorkspaceAccess
 
 log = logging.getLogger("agent_gateway.runs")
 
@@ -54,10 +55,6 @@ ADMISSION_RETRY_AFTER_SECONDS = 2
 SECONDS_PER_DAY = 86_400
 # The events `RunManager._observe` looks at (one set lookup for every other event).
 OBSERVED_KINDS = TOOL_EVENT_KINDS | {"files.changed", "usage.updated"}
-# What a new run does to a run of its session still active ("double-texting"): queue behind it,
-# be refused, cancel it (the agent keeps the cancelled turn), or cancel it and make the agent
-# forget it (runtimes whose policy says `can_rollback`).
-MULTITASK_STRATEGIES = ("enqueue", "reject", "interrupt", "rollback")
 
 
 # Waiting for a run another cluster instance executes: its live events buffered here between
@@ -92,62 +89,21 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-# A text holds something besides white space: a character no regex dialect (Python's, ECMA-262's
-# in /openapi.json, Rust's in validators) counts as white space. The document says the same.
-VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
-
-
-def _require_id(body: dict[str, Any], key: str, default: str | None = None) -> str:
-    value = body.get(key, default)
-    if not isinstance(value, str) or not VISIBLE.search(value):
-        raise ApiError(400, "invalid_request", f"{key} must be a non-empty string")
-    if len(value) > MAX_ID_LENGTH:
-        raise ApiError(400, "invalid_request", f"{key} must be at most {MAX_ID_LENGTH} characters")
-    return value
+# The rule of a non-blank text (a run's ids and message, sessions' ids): gateway/declare.py.
+VISIBLE = DECLARED_VISIBLE
 
 
 def validate_run_request(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_request", "the body must be a JSON object")
-    request = {
-        "requestId": _require_id(body, "requestId"),
-        "agentId": _require_id(body, "agentId"),
-        "sessionId": _require_id(body, "sessionId"),
-        "workspaceId": _require_id(body, "workspaceId", DEFAULT_WORKSPACE),
-    }
-    message = body.get("message")
-    if not isinstance(message, str) or not VISIBLE.search(message):
-        raise ApiError(400, "invalid_request", "message must be a non-empty string")
-    request["message"] = message
-    for key in ("context", "options"):
-        value = body.get(key, {})
-        if value is None:
-            value = {}
-        if not isinstance(value, dict):
-            raise ApiError(400, "invalid_request", f"{key} must be an object")
-        request[key] = value
-    allowed_roots = request["context"].get("allowedRoots", [])
-    if not isinstance(allowed_roots, list) or not all(isinstance(r, str) for r in allowed_roots):
-        raise ApiError(400, "invalid_request", "context.allowedRoots must be a list of strings")
-    parent = body.get("parentRunId")
-    if parent is not None and not isinstance(parent, str):
-        raise ApiError(400, "invalid_request", "parentRunId must be a string")
-    request["parentRunId"] = parent
-    if "webhook" in body and body["webhook"] is not None:  # absent: the key stays out of the request hash
-        problem = url_problem(body["webhook"])
-        if problem:
-            raise ApiError(400, "invalid_request", f"webhook {problem}")
-        request["webhook"] = body["webhook"]
-    if "multitaskStrategy" in body:  # absent: the agent's configured default (a request without it hashes as before)
-        strategy = body["multitaskStrategy"]
-        if not isinstance(strategy, str) or strategy not in MULTITASK_STRATEGIES:
-            raise ApiError(
-                400, "invalid_request", f"multitaskStrategy must be one of {', '.join(MULTITASK_STRATEGIES)}"
-            )
-        request["multitaskStrategy"] = strategy
-    unknown = set(body) - set(request) - {"webhook"}  # (a null webhook is none)
-    if unknown:
-        raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+    """A raw ``POST /v1/runs`` body as the run's request (the declared model's rules, see
+    :class:`agent_gateway.api_models.RunRequest`), agentId required: for callers that apply no
+    preference defaults (``GatewayApp.create_run``)."""
+    return require_agent(parse_model(RunRequest, body).request())
+
+
+def require_agent(request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` once the actor's defaults are applied: it must name its agent by now."""
+    if not isinstance(request.get("agentId"), str):
+        raise ApiError(400, "invalid_request", "agentId must be a non-empty string", field="agentId")
     return request
 
 
@@ -300,12 +256,16 @@ class RunManager:
         body: Any,
         check: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
+        *,
+        validated: bool = False,
     ) -> tuple[Run, bool]:
         """Create a run, or return the existing one for a repeated requestId (created=False).
+        ``body`` is a raw ``POST /v1/runs`` body, or with ``validated`` the request its declared
+        model gave (``RunRequest.request()``, the actor's defaults applied since).
         ``check(request)``, given the validated request, may refuse it (the caller's
         authorization) before anything is stored. ``headers``, the creating request's, are for a
         tracing plugin (an inbound W3C ``traceparent``)."""
-        request = validate_run_request(body)
+        request = require_agent(dict(body)) if validated else validate_run_request(body)
         runtime = self.runtimes.get(request["agentId"])
         if runtime is None:
             raise ApiError(

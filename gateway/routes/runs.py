@@ -7,12 +7,15 @@ import re
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict
 
+from agent_gateway import api_models
 from agent_gateway.auth import ACTOR_ID, Auth, run_resource
 from agent_gateway.builtin import ui_projection
+from agent_gateway.declare import Route, RouteResponse
 from agent_gateway.errors import ApiError, error_response, read_json
 from agent_gateway.journal import Journal
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
@@ -43,6 +46,73 @@ RUN_ID_HEADER = "X-Host-Run-Id"
 STREAM_FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 
 
+class CreateRunQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    stream: Literal["0", "1", "true", "false", ""] | None = None
+
+    @classmethod
+    def adjust_openapi_schema(cls, schema: dict[str, Any]) -> None:
+        # a query parameter is text or absent, never null
+        schema["properties"]["stream"] = {"type": "string", "enum": ["0", "1", "true", "false", ""]}
+
+
+def _run_links() -> dict[str, Any]:
+    """What a client can follow from a run's receipt (the document's links, for stateful tests)."""
+    by_run = ("GetRun", "getRun"), ("GetRunEvents", "getRunEvents"), ("StreamRun", "streamRun")
+    links = {
+        name: {"operationId": op, "parameters": {"hostRunId": "$response.body#/hostRunId"}}
+        for name, op in (*by_run, ("CancelRun", "cancelRun"), ("GetRunReceipts", "getRunReceipts"))
+    }
+    links["GetActiveRun"] = {"operationId": "getActiveRun", "parameters": {"sessionId": "$response.body#/sessionId"}}
+    return links
+
+
+def _run_created(description: str, location: str | None) -> RouteResponse:
+    location_header: dict[str, Any] = {"required": True, "schema": {"type": "string"}}
+    if location:
+        location_header["description"] = location
+    return RouteResponse(
+        description,
+        api_models.Run,
+        content={"text/event-stream": {"schema": {"$ref": "#/components/schemas/SseEvent"}}},
+        headers={
+            "Location": location_header,
+            RUN_ID_HEADER: {"required": True, "schema": {"type": "string"}, "description": "The run's hostRunId"},
+        },
+        links=_run_links(),
+    )
+
+
+CREATE_RUN: Route[api_models.RunRequest, CreateRunQuery] = Route(
+    "POST",
+    "/v1/runs",
+    "Create a run (201), or return the run of a repeated requestId (200); as JSON, or as the run's SSE stream",
+    operation_id="createRun",
+    description="Create-and-stream: with `Accept: text/event-stream` (and no `application/json` in Accept) or "
+    "`?stream=1`, the answer is the run's SSE stream from seq 1 (or after the `Last-Event-ID` header's seq: ASCII "
+    "digits, else 400 `invalid_cursor`), exactly as `GET /v1/runs/{hostRunId}/stream` sends it, in the same round "
+    "trip: its first event, `run.created`, holds the receipt, and the `X-Host-Run-Id` and `Location` headers name "
+    "the run. A repeat with the same requestId streams the same run (200), so a retry after a lost connection "
+    "resumes with `Last-Event-ID`. Errors are the usual JSON, before any stream starts. A second run of a session "
+    "that still has an active run follows its `multitaskStrategy` (enqueue, reject: 409 `session_busy`, "
+    "interrupt, rollback). The actor's preferences fill what the body leaves out (agentId, context.refs, "
+    "options.model and options.profile), once the body is valid.",
+    body=api_models.RunRequest,
+    query=CreateRunQuery,
+    query_descriptions={
+        "stream": "1 or true: answer with the run's SSE stream (create-and-stream); 0, false or empty: the JSON "
+        "receipt. Wins over Accept. No other query parameter is taken (400 `invalid_request`)."
+    },
+    responses={
+        200: _run_created("The requestId was used before with the same body: the first run", None),
+        201: _run_created("The run was created (gateway.run.v1)", "/v1/runs/{hostRunId}"),
+    },
+    errors=(400, 401, 403, 404, 409, 413, 415, 429, 503),
+)
+# The core's declared routes: /openapi.json takes their operations from here.
+DECLARED: tuple[Route[Any, Any], ...] = (CREATE_RUN,)
+
+
 def _query(request: web.Request, name: str) -> str | None:
     """A query parameter. The parsed query is cached on the request, which an open stream keeps:
     a request without a query string (most streams) does not build it."""
@@ -65,13 +135,8 @@ STREAM_QUERY = frozenset({"afterSeq", "projection"})
 def _wants_stream(request: web.Request) -> bool:
     """Create-and-stream: `?stream=1`, or an Accept header asking for text/event-stream and not
     for JSON (an Accept naming both keeps the JSON receipt)."""
-    flag = _query(request, "stream")
-    if request.rel_url.raw_query_string and set(request.query) - {"stream"}:  # as the body: no unknown fields
-        unknown = ", ".join(sorted(set(request.query) - {"stream"}))[:200]
-        raise ApiError(400, "invalid_request", f"unknown query parameter(s): {unknown}")
+    flag = CREATE_RUN.parse_query(request).stream if request.rel_url.raw_query_string else None
     if flag is not None:
-        if flag not in STREAM_FLAGS:
-            raise ApiError(400, "invalid_request", f"stream must be 1, true, 0 or false, got {flag[:40]!r}")
         return STREAM_FLAGS[flag]
     accept = request.headers.get("Accept", "")
     return "text/event-stream" in accept and "application/json" not in accept
@@ -126,10 +191,12 @@ class RunRoutes:
         # Checked before the run exists: a bad cursor must not leave a run behind.
         header = request.headers.get("Last-Event-ID") if stream else None
         after = _cursor(header, "Last-Event-ID") if header else 0
-        body = await self.deps.preferences.apply_run_defaults(request[ACTOR_ID], await read_json(request))
+        # The body is validated as sent; the actor's defaults fill what it left out afterwards.
+        sent = CREATE_RUN.parse_body(await read_json(request)).request()
+        body = await self.deps.preferences.apply_run_defaults(request[ACTOR_ID], sent)
         try:
             run, created = await self.deps.runs.create(
-                request[ACTOR_ID], body, self.deps.auth.run_create_check(request), request.headers
+                request[ACTOR_ID], body, self.deps.auth.run_create_check(request), request.headers, validated=True
             )
         except AdmissionRefused as refused:  # 429: the limit's JSON error, and when to retry
             response = error_response(refused.status, refused.code, str(refused), **refused.extra)
@@ -243,7 +310,7 @@ class RunRoutes:
 
 def setup(app: web.Application, deps: RunRoutesDeps) -> None:
     routes = RunRoutes(deps)
-    app.router.add_post("/v1/runs", routes.create)
+    app.router.add_post(CREATE_RUN.path, routes.create)
     app.router.add_get("/v1/runs/{host_run_id}", routes.get)
     app.router.add_get("/v1/runs/{host_run_id}/events", routes.events)
     app.router.add_get("/v1/runs/{host_run_id}/webhook", routes.webhook)

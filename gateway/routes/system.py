@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from agent_gateway.cluster import Coordinator
+from agent_gateway.declare import declared_paths, merge_components
 from agent_gateway.descriptors import Descriptors, FieldSpec
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
-from agent_gateway.routes import sessions
+from agent_gateway.routes import runs, sessions
 
 if TYPE_CHECKING:
     from agent_gateway.runs import RunManager
@@ -64,15 +65,33 @@ def preference_schema(spec: FieldSpec) -> dict[str, Any]:
     return {**nullable, "description": spec.label}
 
 
+def core_spec() -> dict[str, Any]:
+    """The core's document before any plugin: the declared routes' operations and schemas
+    (gateway/declare.py), and the rest still written by hand (openapi.json, the sessions module)."""
+    spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
+    # The sessions API keeps its OpenAPI block in its own module.
+    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
+    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
+    paths, schemas = declared_paths(runs.DECLARED)
+    for path, item in paths.items():
+        spec["paths"][path] = {**spec["paths"].get(path, {}), **item}
+    merge_components(spec["components"]["schemas"], schemas, "the core's declared routes")
+    return spec
+
+
 async def served_spec(
-    sources: SystemSources, spec: Mapping[str, Any], plugin_paths: Mapping[str, Mapping[str, Any]]
+    sources: SystemSources,
+    spec: Mapping[str, Any],
+    plugin_paths: Mapping[str, Mapping[str, Any]],
+    plugin_schemas: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The document as served: the static file, the plugins' paths, and what only this gateway
-    knows filled in: its agent ids, projections and preference keys in the named schemas, and no
-    token requirement where its auth config has none."""
+    """The document as served: the core's, the plugins' paths and schemas, and what only this
+    gateway knows filled in: its agent ids, projections and preference keys in the named schemas,
+    and no token requirement where its auth config has none."""
     served = copy.deepcopy(dict(spec))
     served["paths"] = {**served["paths"], **copy.deepcopy(dict(plugin_paths))}
     schemas = served["components"]["schemas"]
+    merge_components(schemas, copy.deepcopy(dict(plugin_schemas or {})), "a plugin's declared routes")
     if sources.runtimes:
         schemas["AgentId"] = {**schemas["AgentId"], "enum": sorted(sources.runtimes)}
     schemas["Projection"] = {**schemas["Projection"], "enum": sorted({"ui", *sources.projections})}
@@ -87,13 +106,15 @@ async def served_spec(
     return served
 
 
-def setup(app: web.Application, sources: SystemSources, plugin_paths: Mapping[str, Mapping[str, Any]]) -> None:
-    """``plugin_paths``: the OpenAPI path items plugins declare with their routes (a live,
-    read-only view: plugins add routes after the core's)."""
-    spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    # The sessions API keeps its OpenAPI block in its own module.
-    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
-    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
+def setup(
+    app: web.Application,
+    sources: SystemSources,
+    plugin_paths: Mapping[str, Mapping[str, Any]],
+    plugin_schemas: Mapping[str, Any] | None = None,
+) -> None:
+    """``plugin_paths``, ``plugin_schemas``: the OpenAPI path items and component schemas plugins
+    declare with their routes (live, read-only views: plugins add routes after the core's)."""
+    spec = core_spec()
     served: dict[str, bytes] = {}
 
     # One storage ping at a time: concurrent probes share it, so a hung database holds one worker.
@@ -144,7 +165,7 @@ def setup(app: web.Application, sources: SystemSources, plugin_paths: Mapping[st
 
     async def openapi(request: web.Request) -> web.Response:
         if "body" not in served:  # built once: routes and registries are fixed once the app runs
-            served["body"] = json.dumps(await served_spec(sources, spec, plugin_paths)).encode()
+            served["body"] = json.dumps(await served_spec(sources, spec, plugin_paths, plugin_schemas)).encode()
         return web.Response(body=served["body"], content_type="application/json")
 
     app.router.add_get("/v1/health", health)

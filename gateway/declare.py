@@ -1,0 +1,305 @@
+"""Routes declared once: method, path, body and parameter models, responses.
+
+A :class:`Route` is what both halves of an HTTP route read, so they cannot drift apart: its
+handler validates the request with it (:meth:`Route.parse_body`, :meth:`Route.parse_query`),
+which refuses a bad one with the gateway's usual ``400 invalid_request`` naming the field, and
+``/openapi.json`` lists its operation as :meth:`Route.openapi` builds it from the same models
+(their JSON Schema is OpenAPI 3.1's dialect). Bodies and parameters are pydantic v2 models.
+
+The core declares its routes here; a plugin passes its own to ``routes.add(route, handler)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from aiohttp import web
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import PydanticCustomError, core_schema
+
+from agent_gateway.errors import ApiError, ErrorShape, PluginError
+
+M = TypeVar("M", bound=BaseModel)
+B = TypeVar("B", bound=BaseModel)
+Q = TypeVar("Q", bound=BaseModel)
+
+COMPONENT_REF = "#/components/schemas/{model}"
+# A text holds something besides white space: a character no regex dialect (Python's, ECMA-262's
+# in /openapi.json, Rust's in validators) counts as white space.
+VISIBLE_PATTERN = r"[^\s\u001c-\u001f\u0085\ufeff]"
+VISIBLE = re.compile(VISIBLE_PATTERN)
+MAX_UNKNOWN_LISTED = 200  # characters of the unknown names an error message lists
+# aiohttp path variables, `{name}` or `{name:regex}`; OpenAPI writes them `{name}`
+PATH_VARIABLE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[^{}]*)?\}")
+
+
+def openapi_path(path: str) -> str:
+    """The OpenAPI form of an aiohttp route path (``{name:regex}`` becomes ``{name}``)."""
+    return PATH_VARIABLE.sub(r"{\1}", path)
+
+
+def _non_blank(value: str) -> str:
+    if not VISIBLE.search(value):
+        raise PydanticCustomError("blank_text", "must be a non-empty string")
+    return value
+
+
+# Text with something besides white space (a blank message or id is refused, by the same rule in
+# the document: its pattern).
+NonBlankText = Annotated[
+    str,
+    Field(min_length=1, json_schema_extra={"pattern": VISIBLE_PATTERN}),
+    AfterValidator(_non_blank),
+]
+# An identifier a client chooses: non-blank, at most 200 characters.
+Identifier = Annotated[
+    str,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": VISIBLE_PATTERN}),
+    AfterValidator(_non_blank),
+]
+
+# The shared error responses of the core's document (components/responses), by status.
+ERROR_RESPONSES: dict[int, str] = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    409: "Conflict",
+    413: "PayloadTooLarge",
+    415: "UnsupportedMediaType",
+    429: "TooManyRequests",
+    503: "ServiceUnavailable",
+}
+
+
+class _OpenApiSchema(GenerateJsonSchema):
+    """JSON Schema as the document writes it: no generated titles (the names are the keys)."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> dict[str, Any]:
+        out = super().model_schema(schema)
+        out.pop("title", None)
+        return out
+
+
+def json_schema(model: type[BaseModel], mode: Literal["validation", "serialization"] = "validation") -> dict[str, Any]:
+    """``model``'s JSON Schema as the document writes it (references to ``components/schemas``)."""
+    schema = model.model_json_schema(ref_template=COMPONENT_REF, schema_generator=_OpenApiSchema, mode=mode)
+    # A model may adjust its own schema once generated (``adjust_openapi_schema(schema)``), e.g. to
+    # refer to a component of the document no model declares: pydantic resolves every $ref itself.
+    adjust = getattr(model, "adjust_openapi_schema", None)
+    if adjust is not None:
+        adjust(schema)
+    return schema
+
+
+def model_schemas(
+    model: type[BaseModel], mode: Literal["validation", "serialization"] = "validation"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``model``'s JSON Schema as a reference, and the component schemas it needs by name."""
+    schema = json_schema(model, mode)
+    components: dict[str, Any] = dict(schema.pop("$defs", {}))
+    components[model.__name__] = schema
+    return {"$ref": COMPONENT_REF.format(model=model.__name__)}, components
+
+
+def _phrase(error: Mapping[str, Any]) -> str:
+    """What is wrong with one field, in the words of the gateway's earlier messages."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    phrases = {
+        "missing": "is required",
+        "string_type": "must be a string",
+        "string_too_short": "must be a non-empty string",
+        "string_too_long": f"must be at most {ctx.get('max_length')} characters",
+        "int_type": "must be an integer",
+        "bool_type": "must be a boolean",
+        "float_type": "must be a number",
+        "list_type": "must be a list",
+        "dict_type": "must be an object",
+        "model_type": "must be an object",
+        "model_attributes_type": "must be an object",
+        "literal_error": f"must be one of {ctx.get('expected')}",
+        "enum": f"must be one of {ctx.get('expected')}",
+    }
+    phrase = phrases.get(kind)
+    if phrase is not None:
+        return phrase
+    message = str(error["msg"])  # a custom error's message is already a phrase
+    return message[:1].lower() + message[1:]
+
+
+def problem(exc: ValidationError, what: str = "the body") -> ApiError:
+    """The ``400 invalid_request`` of a refused body or query: its first bad field, named (and in
+    ``field``), or all its unknown fields."""
+    errors = exc.errors(include_url=False, include_input=False)
+    for error in errors:
+        if error["type"] == "extra_forbidden":
+            continue
+        location = ".".join(str(part) for part in error["loc"])
+        if not location:  # the whole value: not an object at all
+            return ApiError(400, "invalid_request", f"{what} must be a JSON object")
+        return ApiError(400, "invalid_request", f"{location} {_phrase(error)}", field=location)
+    unknown = sorted(".".join(str(part) for part in error["loc"]) for error in errors)
+    noun = "query parameter(s)" if what == "the query" else "field(s)"
+    return ApiError(400, "invalid_request", f"unknown {noun}: {', '.join(unknown)[:MAX_UNKNOWN_LISTED]}")
+
+
+def parse_model(model: type[M], value: Any, what: str = "the body") -> M:
+    """``value`` (parsed JSON) as ``model``, or ``400 invalid_request`` naming the bad field."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise problem(exc, what) from None
+
+
+@dataclass(frozen=True)
+class RouteResponse:
+    """One status of an operation: its description and body model (JSON), and anything else
+    the document says of it as OpenAPI (other media types, headers, links)."""
+
+    description: str
+    model: type[BaseModel] | None = None
+    content: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    links: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Route(Generic[B, Q]):
+    """One HTTP route, declared once (see the module's docstring).
+
+    ``path`` is aiohttp's (``{name}``, or ``{name:regex}``); the document writes it ``{name}``.
+    ``body`` and ``query`` are pydantic models (forbid extra fields to refuse unknown ones);
+    ``responses`` by status; ``errors`` are statuses described by the core's shared error
+    responses (``400``, ``404``, ...). ``error_shape`` (plugins), when given, returns the JSON
+    error body of every refusal on this path (another protocol's). ``openapi`` adds or overrides
+    operation keys the models do not give (``security``, a ``requestBody`` description, ...)."""
+
+    method: str
+    path: str
+    summary: str
+    operation_id: str | None = None
+    description: str | None = None
+    tags: tuple[str, ...] = ()
+    body: type[B] | None = None
+    body_required: bool = True
+    query: type[Q] | None = None
+    query_descriptions: Mapping[str, str] = field(default_factory=dict)
+    responses: Mapping[int | str, RouteResponse] = field(default_factory=dict)
+    errors: tuple[int, ...] = ()
+    error_shape: ErrorShape | None = None
+    openapi: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "method", self.method.upper())
+        unknown = [status for status in self.errors if status not in ERROR_RESPONSES]
+        if unknown:
+            raise PluginError(f"route {self.method} {self.path}: no shared error response for {unknown}")
+
+    # -- the handler's half ---------------------------------------------------------------------------
+    def parse_body(self, body: Any) -> B:
+        """``body`` (parsed JSON) as the declared model, or ``400 invalid_request`` naming the field."""
+        if self.body is None:
+            raise TypeError(f"route {self.method} {self.path} declares no body")
+        return parse_model(self.body, body)
+
+    async def read_body(self, request: web.Request) -> B:
+        """The request's JSON body (``agent_gateway.read_json``'s checks) as the declared model."""
+        from agent_gateway.errors import read_json
+
+        return self.parse_body(await read_json(request))
+
+    def parse_query(self, request: web.Request) -> Q:
+        """The query string as the declared model; an undeclared parameter is refused (a misspelt
+        one must not be silently ignored)."""
+        if self.query is None:
+            raise TypeError(f"route {self.method} {self.path} declares no query")
+        values = dict(request.query) if request.rel_url.raw_query_string else {}
+        return parse_model(self.query, values, "the query")
+
+    # -- the document's half --------------------------------------------------------------------------
+    @property
+    def openapi_path(self) -> str:
+        """The path as the document writes it (``{name:regex}`` becomes ``{name}``)."""
+        return openapi_path(self.path)
+
+    def openapi_operation(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The OpenAPI operation object, and the component schemas it refers to by name."""
+        components: dict[str, Any] = {}
+        operation: dict[str, Any] = {}
+        if self.operation_id:
+            operation["operationId"] = self.operation_id
+        operation["summary"] = self.summary
+        if self.description:
+            operation["description"] = self.description
+        if self.tags:
+            operation["tags"] = list(self.tags)
+        if self.query is not None:
+            schema = json_schema(self.query)
+            required = set(schema.get("required", ()))
+            parameters = []
+            for name, prop in schema.get("properties", {}).items():
+                prop = dict(prop)
+                description = self.query_descriptions.get(name) or prop.pop("description", None)
+                parameter: dict[str, Any] = {"name": name, "in": "query", "schema": prop}
+                if name in required:
+                    parameter["required"] = True
+                if description:
+                    parameter["description"] = description
+                parameters.append(parameter)
+            operation["parameters"] = parameters
+        if self.body is not None:
+            ref, needed = model_schemas(self.body)
+            merge_components(components, needed, f"route {self.method} {self.path}")
+            operation["requestBody"] = {
+                "required": self.body_required,
+                "content": {"application/json": {"schema": ref}},
+            }
+        responses: dict[str, Any] = {}
+        content: dict[str, Any]
+        for status, response in self.responses.items():
+            item: dict[str, Any] = {"description": response.description}
+            content = {}
+            if response.model is not None:
+                ref, needed = model_schemas(response.model, "serialization")
+                merge_components(components, needed, f"route {self.method} {self.path}")
+                content["application/json"] = {"schema": ref}
+            content.update(response.content)
+            if content:
+                item["content"] = content
+            if response.headers:
+                item["headers"] = dict(response.headers)
+            if response.links:
+                item["links"] = dict(response.links)
+            responses[str(status)] = item
+        for status in self.errors:
+            responses[str(status)] = {"$ref": f"#/components/responses/{ERROR_RESPONSES[status]}"}
+        operation["responses"] = responses or {"default": {"description": "See the route's documentation."}}
+        operation.update(self.openapi)
+        return operation, components
+
+
+def merge_components(into: dict[str, Any], schemas: Mapping[str, Any], where: str) -> None:
+    """Add component schemas to a document's; a different schema under a taken name is an error."""
+    for name, schema in schemas.items():
+        if name in into and into[name] != schema:
+            raise PluginError(f"{where}: the component schema {name!r} is already declared differently")
+        into[name] = schema
+
+
+def declared_paths(routes: Iterable[Route[Any, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The OpenAPI path items and component schemas of ``routes``."""
+    paths: dict[str, dict[str, Any]] = {}
+    components: dict[str, Any] = {}
+    for route in routes:
+        operation, needed = route.openapi_operation()
+        merge_components(components, needed, f"route {route.method} {route.path}")
+        paths.setdefault(route.openapi_path, {})[route.method.lower()] = operation
+    return paths, components

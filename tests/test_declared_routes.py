@@ -1,0 +1,195 @@
+"""Routes declared once (agent_gateway.Route): the document's operation is the declaration's, the
+handler refuses what the declared models refuse with the gateway's usual 400s, the actor's
+preference defaults come after validation, and a plugin can declare its routes the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from agent_gateway import ApiError, Identifier, NonBlankText, PluginError, PluginRoutes, Route, RouteResponse, hookimpl
+from agent_gateway.declare import declared_paths
+from agent_gateway.routes.runs import CREATE_RUN
+from tests._descriptors import ALICE, BOB, MakeClient, make_client_fixture, put_prefs  # noqa: F401
+from tests._harness import run_body
+
+
+async def test_the_served_create_run_operation_is_the_declarations(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    operation, schemas = CREATE_RUN.openapi_operation()
+    assert spec["paths"]["/v1/runs"] == {"post": operation}
+    for name, schema in schemas.items():  # RunRequest, RunContext, Run: from the models
+        assert spec["components"]["schemas"][name] == schema, name
+    assert set(schemas) >= {"RunRequest", "Run"}
+    # the references the declaration makes resolve in the served document
+    for status in CREATE_RUN.errors:
+        name = operation["responses"][str(status)]["$ref"].rsplit("/", 1)[1]
+        assert name in spec["components"]["responses"], status
+    assert "AgentId" in spec["components"]["schemas"] and "SseEvent" in spec["components"]["schemas"]
+
+
+async def error_of(response: Any, status: int = 400) -> dict[str, Any]:
+    assert response.status == status, await response.text()
+    return (await response.json())["error"]
+
+
+# Bodies the gateway refused before its routes were declared, with the same status, code and the
+# field the message names (the messages' wording is the declaration's).
+HOSTILE: list[tuple[dict[str, Any], str]] = [
+    ({"requestId": None}, "requestId"),
+    ({"requestId": 12}, "requestId"),
+    ({"requestId": ""}, "requestId"),
+    ({"requestId": "x" * 201}, "requestId"),
+    ({"sessionId": "   "}, "sessionId"),
+    ({"sessionId": ["s"]}, "sessionId"),
+    ({"workspaceId": None}, "workspaceId"),
+    ({"message": None}, "message"),
+    ({"message": ""}, "message"),
+    ({"message": " \t\n\u0085\ufeff\u001c"}, "message"),
+    ({"message": {"text": "hi"}}, "message"),
+    ({"context": "notes/"}, "context"),
+    ({"context": [1]}, "context"),
+    ({"context": {"allowedRoots": "notes/"}}, "context.allowedRoots"),
+    ({"context": {"allowedRoots": [1]}}, "context.allowedRoots"),
+    ({"options": [1]}, "options"),
+    ({"options": "model"}, "options"),
+    ({"parentRunId": 5}, "parentRunId"),
+    ({"parentRunId": {}}, "parentRunId"),
+    ({"multitaskStrategy": None}, "multitaskStrategy"),
+    ({"multitaskStrategy": "queue"}, "multitaskStrategy"),
+    ({"webhook": "ftp://example.com/hook"}, "webhook"),
+    ({"webhook": 7}, "webhook"),
+    ({"agentId": None}, "agentId"),  # no default agent for this actor
+    ({"agentId": True}, "agentId"),
+]
+
+
+async def test_hostile_run_bodies_get_the_same_400s(make_gateway: Any) -> None:
+    client = await make_gateway(overrides={"gateway": {"max_body_bytes": 4096}})
+    good = run_body("fine")
+    for change, field in HOSTILE:
+        error = await error_of(await client.post("/v1/runs", json={**good, **change}))
+        assert error["code"] == "invalid_request", change
+        assert error["message"].startswith(field), (change, error)
+        assert error["field"].startswith(field), (change, error)
+    for missing in ("requestId", "agentId", "sessionId", "message"):
+        body = {k: v for k, v in good.items() if k != missing}
+        error = await error_of(await client.post("/v1/runs", json=body))
+        assert error["code"] == "invalid_request" and missing in error["message"], error
+    unknown = await error_of(await client.post("/v1/runs", json={**good, "surprise": 1, "z": None, "agentID": "x"}))
+    assert unknown == {"code": "invalid_request", "message": "unknown field(s): agentID, surprise, z"}
+    for raw in (b"[]", b'"text"', b"7", b"null", b"true"):
+        error = await error_of(await client.post("/v1/runs", data=raw, headers={"Content-Type": "application/json"}))
+        assert error == {"code": "invalid_request", "message": "the body must be a JSON object"}, raw
+    huge = await error_of(await client.post("/v1/runs", json={**good, "message": "x" * 10_000}), 413)
+    assert huge["code"] == "body_too_large"
+    bad_query = await error_of(await client.post("/v1/runs?stream=yes", json=good))
+    assert bad_query["code"] == "invalid_request" and bad_query["message"].startswith("stream"), bad_query
+    unknown_query = await error_of(await client.post("/v1/runs?strem=1", json=good))
+    assert unknown_query["message"] == "unknown query parameter(s): strem"
+    # nulls the document allows are absent values; none of the refusals above created a run
+    fine = {**good, "context": None, "options": None, "parentRunId": None, "webhook": None}
+    created = await client.post("/v1/runs", json=fine)
+    assert created.status == 201, await created.text()
+    assert (await created.json())["requestId"] == good["requestId"]
+
+
+async def test_preference_defaults_come_after_validation(make_client: MakeClient) -> None:
+    client = await make_client()
+    await put_prefs(client, ALICE, {"ai.common.defaultAgent": "chat-only"})
+    body = {"requestId": "d-1", "sessionId": "d", "message": "hi"}
+    # absent or null: the actor's default agent
+    created = await client.post("/v1/runs", json=body, headers=ALICE)
+    assert created.status == 201, await created.text()
+    assert (await created.json())["agentId"] == "chat-only"
+    created = await client.post("/v1/runs", json={**body, "requestId": "d-2", "agentId": None}, headers=ALICE)
+    assert created.status == 201 and (await created.json())["agentId"] == "chat-only"
+    # what the body sent is checked as sent: an empty agentId is refused, default or not
+    error = await error_of(
+        await client.post("/v1/runs", json={**body, "requestId": "d-3", "agentId": ""}, headers=ALICE)
+    )
+    assert error["code"] == "invalid_request" and error["field"] == "agentId"
+    error = await error_of(await client.post("/v1/runs", json={**body, "context": "x"}, headers=ALICE))
+    assert error["field"] == "context"
+    # an actor without a default must name its agent
+    error = await error_of(await client.post("/v1/runs", json=body, headers=BOB))
+    assert error["code"] == "invalid_request" and "agentId" in error["message"]
+
+
+class Note(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    title: Identifier
+    text: NonBlankText
+    stars: int = 0
+
+
+class Noted(BaseModel):
+    title: str
+    stars: int
+
+
+NOTE = Route(
+    "POST",
+    "/v1/notes/{noteId}",
+    "Keep a note",
+    operation_id="keepNote",
+    body=Note,
+    responses={201: RouteResponse("Kept", Noted)},
+    errors=(400, 401),
+)
+
+
+class NotesPlugin:
+    @hookimpl
+    def register_routes(self, routes: PluginRoutes) -> None:
+        async def keep(request: web.Request) -> web.Response:
+            note = await NOTE.read_body(request)
+            return web.json_response({"title": note.title, "stars": note.stars}, status=201)
+
+        routes.add(NOTE, keep)
+
+
+async def test_a_plugin_declares_its_route_once(make_gateway: Any) -> None:
+    client = await make_gateway(extra_plugins=(NotesPlugin(),))
+    spec = await (await client.get("/openapi.json")).json()
+    operation, schemas = NOTE.openapi_operation()
+    assert spec["paths"]["/v1/notes/{noteId}"] == {"post": operation}
+    assert spec["components"]["schemas"]["Note"] == schemas["Note"]
+    assert spec["components"]["schemas"]["Noted"] == schemas["Noted"]
+    assert spec["components"]["schemas"]["Note"]["required"] == ["title", "text"]
+    kept = await client.post("/v1/notes/n1", json={"title": "t", "text": "hello", "stars": 2})
+    assert kept.status == 201 and await kept.json() == {"title": "t", "stars": 2}
+    for body, field in (({"title": "t", "text": " "}, "text"), ({"title": "t", "text": "x", "stars": "2"}, "stars")):
+        error = await error_of(await client.post("/v1/notes/n1", json=body))
+        assert error["code"] == "invalid_request" and error["field"] == field, error
+    error = await error_of(await client.post("/v1/notes/n1", json={"title": "t", "text": "x", "tags": []}))
+    assert error["message"] == "unknown field(s): tags"
+
+
+def test_a_name_declared_twice_differently_is_refused() -> None:
+    class Other(BaseModel):
+        title: int
+
+    Other.__name__ = "Note"
+    clash = Route("POST", "/v1/notes2", "Another", body=Other)
+    paths, schemas = declared_paths([NOTE])
+    with pytest.raises(PluginError, match="'Note'"):
+        declared_paths([NOTE, clash])
+    assert "/v1/notes/{noteId}" in paths and "Note" in schemas
+
+
+def test_a_route_parses_what_it_declares() -> None:
+    with pytest.raises(ApiError) as refused:
+        NOTE.parse_body({"title": "t"})
+    assert (refused.value.status, refused.value.code, str(refused.value)) == (
+        400,
+        "invalid_request",
+        "text is required",
+    )
+    assert NOTE.parse_body({"title": "t", "text": "x"}).stars == 0
+    with pytest.raises(PluginError, match="no shared error response"):
+        Route("GET", "/v1/x", "x", errors=(418,))
