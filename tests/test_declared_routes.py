@@ -12,9 +12,12 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_gateway import ApiError, Identifier, NonBlankText, PluginError, PluginRoutes, Route, RouteResponse, hookimpl
 from agent_gateway.declare import declared_paths
+from agent_gateway.routes import sessions
 from agent_gateway.routes.runs import CREATE_RUN
 from tests._descriptors import ALICE, BOB, MakeClient, make_client_fixture, put_prefs  # noqa: F401
 from tests._harness import run_body
+from tests._sessions import ALICE as ALICE_TOKEN
+from tests._sessions import TOKENS, auth
 
 
 async def test_the_served_create_run_operation_is_the_declarations(make_gateway: Any) -> None:
@@ -30,6 +33,145 @@ async def test_the_served_create_run_operation_is_the_declarations(make_gateway:
         name = operation["responses"][str(status)]["$ref"].rsplit("/", 1)[1]
         assert name in spec["components"]["responses"], status
     assert "AgentId" in spec["components"]["schemas"] and "SseEvent" in spec["components"]["schemas"]
+
+
+def served_operations_are_the_declarations(spec: dict[str, Any], routes: tuple[Route[Any, Any, Any], ...]) -> None:
+    for route in routes:
+        operation, schemas = route.openapi_operation()
+        assert spec["paths"][route.openapi_path][route.method.lower()] == operation, (route.method, route.path)
+        for name, schema in schemas.items():
+            assert spec["components"]["schemas"][name] == schema, name
+        for status in route.errors:  # the references the declaration makes resolve
+            name = operation["responses"][str(status)]["$ref"].rsplit("/", 1)[1]
+            assert name in spec["components"]["responses"], status
+
+
+async def test_the_served_sessions_operations_are_the_declarations(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    served_operations_are_the_declarations(spec, sessions.DECLARED)
+    assert {route.openapi_path for route in sessions.DECLARED} == {
+        "/v1/sessions",
+        "/v1/sessions:delete",
+        "/v1/sessions/{sessionId}",
+        "/v1/sessions/{sessionId}/export",
+        "/v1/sessions/{sessionId}/agent-session",
+    }
+    # the path variable is the document's name (no second spelling in the router)
+    assert {
+        resource.canonical
+        for resource in client.app.router.resources()
+        if resource.canonical.startswith("/v1/sessions")
+    } >= {"/v1/sessions/{sessionId}", "/v1/sessions/{sessionId}/export"}
+
+
+# The sessions routes' refusals before they were declared: (method, path, query, body) -> the
+# code and message they keep.
+SESSION_HOSTILE: list[tuple[str, str, dict[str, str], Any, str, str]] = [
+    ("GET", "/v1/sessions", {"limit": "0"}, None, "invalid_limit", "limit must be 1..200"),
+    ("GET", "/v1/sessions", {"limit": "x"}, None, "invalid_limit", "limit must be an integer"),
+    ("GET", "/v1/sessions", {"q": "x" * 501}, None, "invalid_query", "q must be at most 500 characters, without NUL"),
+    ("GET", "/v1/sessions", {"q": "a\x00"}, None, "invalid_query", "q must be at most 500 characters, without NUL"),
+    (
+        "GET",
+        "/v1/sessions",
+        {"agentId": "a" * 201},
+        None,
+        "invalid_agent_id",
+        "agentId must be at most 200 characters, without NUL",
+    ),
+    ("GET", "/v1/sessions", {"status": "done"}, None, "invalid_status", "unknown status filter"),
+    ("GET", "/v1/sessions", {"cursor": "!!"}, None, "invalid_cursor", "cursor: not a cursor this API returned"),
+    ("GET", "/v1/sessions", {"qq": "x"}, None, "invalid_request", "unknown query parameter(s): qq"),
+    (
+        "GET",
+        "/v1/sessions/%20",
+        {},
+        None,
+        "invalid_session_id",
+        "a session id must be a string with a visible character",
+    ),
+    ("GET", "/v1/sessions/" + "s" * 201, {}, None, "invalid_session_id", "a session id must be at most 200 characters"),
+    ("GET", "/v1/sessions/s/export", {"format": "pdf"}, None, "invalid_format", "format must be json or markdown"),
+    ("PATCH", "/v1/sessions/s", {}, {}, "invalid_request", 'send {"title": "...", "pinned": true|false}'),
+    ("PATCH", "/v1/sessions/s", {}, [1], "invalid_request", 'send {"title": "...", "pinned": true|false}'),
+    (
+        "PATCH",
+        "/v1/sessions/s",
+        {},
+        {"title": 5},
+        "invalid_request",
+        'title must be a string of at most 200 characters ("": default)',
+    ),
+    (
+        "PATCH",
+        "/v1/sessions/s",
+        {},
+        {"title": "t" * 201},
+        "invalid_request",
+        'title must be a string of at most 200 characters ("": default)',
+    ),
+    ("PATCH", "/v1/sessions/s", {}, {"pinned": "yes"}, "invalid_request", "pinned must be true or false"),
+    ("PATCH", "/v1/sessions/s", {}, {"title": "t", "tags": []}, "invalid_request", "unknown field(s): tags"),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": []},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": "s"},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": ["s"] * 101},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": ["s"], "all": True},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    ("POST", "/v1/sessions:delete", {}, [1], "invalid_request", 'send {"sessionIds": [...]} with 1..100 ids'),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": ["s", 7]},
+        "invalid_session_id",
+        "a session id must be a string with a visible character",
+    ),
+]
+
+
+async def test_hostile_sessions_requests_get_the_same_400s(make_gateway: Any) -> None:
+    client = await make_gateway(tokens=TOKENS)
+    for method, path, query, body, code, message in SESSION_HOSTILE:
+        response = await client.request(method, path, params=query, json=body, headers=auth(ALICE_TOKEN))
+        error = await error_of(response)
+        assert (error["code"], error["message"]) == (code, message), (method, path, query, body, error)
+    status = await error_of(await client.get("/v1/sessions", params={"status": "x"}, headers=auth(ALICE_TOKEN)))
+    assert "completed" in status["known"] and "active" in status["known"]
+    # what the models take: empty filters are none, q is trimmed, an unknown session is a 404
+    listed = await client.get(
+        "/v1/sessions", params={"agentId": "", "status": "", "cursor": "", "q": " "}, headers=auth(ALICE_TOKEN)
+    )
+    assert listed.status == 200 and (await listed.json())["sessions"] == []
+    missing = await client.patch("/v1/sessions/nope", json={"title": None, "pinned": True}, headers=auth(ALICE_TOKEN))
+    assert (await error_of(missing, 404))["code"] == "session_not_found"
 
 
 async def error_of(response: Any, status: int = 400) -> dict[str, Any]:

@@ -67,12 +67,9 @@ def preference_schema(spec: FieldSpec) -> dict[str, Any]:
 
 def core_spec() -> dict[str, Any]:
     """The core's document before any plugin: the declared routes' operations and schemas
-    (gateway/declare.py), and the rest still written by hand (openapi.json, the sessions module)."""
+    (gateway/declare.py), and the rest still written by hand (openapi.json)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    # The sessions API keeps its OpenAPI block in its own module.
-    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
-    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
-    paths, schemas = declared_paths(runs.DECLARED)
+    paths, schemas = declared_paths((*runs.DECLARED, *sessions.DECLARED))
     for path, item in paths.items():
         spec["paths"][path] = {**spec["paths"].get(path, {}), **item}
     merge_components(spec["components"]["schemas"], schemas, "the core's declared routes")
