@@ -40,7 +40,8 @@ WebhookUrl = Annotated[
 ]
 
 
-def _no_default(schema: dict[str, Any]) -> None:
+def no_default(schema: dict[str, Any]) -> None:
+    """(``json_schema_extra``) A field whose default the document does not name."""
     schema.pop("default", None)
 
 
@@ -95,7 +96,7 @@ class RunRequest(BaseModel):
     # (its default is the gateway's configured one: the document names none)
     multitaskStrategy: MultitaskStrategy = Field(
         "enqueue",
-        json_schema_extra=_no_default,
+        json_schema_extra=no_default,
         description="What this run does while a run of its session is still active (double-texting): `enqueue` "
         "queues behind it (status `queued`); `reject` refuses this run with 409 `session_busy` and creates "
         "nothing; `interrupt` cancels the active run (it keeps what it streamed and ends `cancelled`, reason "

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Literal
 
 from aiohttp import web
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticCustomError, core_schema
 from typing_extensions import TypeVar
@@ -92,9 +92,31 @@ class _OpenApiSchema(GenerateJsonSchema):
         return out
 
 
+# (a stand-in pydantic leaves alone: it resolves every "$ref" it meets among its own definitions)
+_COMPONENT_MARK = "x-agent-gateway-component"
+
+
+def component(name: str) -> WithJsonSchema:
+    """A field's schema in the document: a reference to the component schema ``name``, one the
+    served document defines without a model (``Annotated[str | None, component("Projection")]``)."""
+    return WithJsonSchema({_COMPONENT_MARK: name})
+
+
+def _resolve_components(value: Any) -> Any:
+    if isinstance(value, dict):
+        if _COMPONENT_MARK in value:
+            rest = {k: v for k, v in value.items() if k != _COMPONENT_MARK}
+            return {"$ref": COMPONENT_REF.format(model=value[_COMPONENT_MARK]), **rest}
+        return {k: _resolve_components(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_components(v) for v in value]
+    return value
+
+
 def json_schema(model: type[BaseModel], mode: Literal["validation", "serialization"] = "validation") -> dict[str, Any]:
     """``model``'s JSON Schema as the document writes it (references to ``components/schemas``)."""
     schema = model.model_json_schema(ref_template=COMPONENT_REF, schema_generator=_OpenApiSchema, mode=mode)
+    schema = _resolve_components(schema)
     # A model may adjust its own schema once generated (``adjust_openapi_schema(schema)``), e.g. to
     # refer to a component of the document no model declares: pydantic resolves every $ref itself.
     adjust = getattr(model, "adjust_openapi_schema", None)

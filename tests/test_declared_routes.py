@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_gateway import ApiError, Identifier, NonBlankText, PluginError, PluginRoutes, Route, RouteResponse, hookimpl
 from agent_gateway.declare import declared_paths
-from agent_gateway.routes import sessions
+from agent_gateway.routes import receipts, runs, sessions
 from agent_gateway.routes.runs import CREATE_RUN
 from tests._descriptors import ALICE, BOB, MakeClient, make_client_fixture, put_prefs  # noqa: F401
 from tests._harness import run_body
@@ -63,6 +63,54 @@ async def test_the_served_sessions_operations_are_the_declarations(make_gateway:
         for resource in client.app.router.resources()
         if resource.canonical.startswith("/v1/sessions")
     } >= {"/v1/sessions/{sessionId}", "/v1/sessions/{sessionId}/export"}
+
+
+async def test_the_served_run_operations_are_the_declarations(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    declared = (*runs.DECLARED, *receipts.DECLARED)
+    served_operations_are_the_declarations(spec, declared)
+    run_paths = {path for path in spec["paths"] if path.startswith("/v1/runs")}
+    # nothing else written by hand
+    assert run_paths == {route.openapi_path for route in declared if route.openapi_path.startswith("/v1/runs")}
+    assert "/v1/sessions/{sessionId}/active-run" in {route.openapi_path for route in runs.DECLARED}
+    # the links of a created run name operations that exist
+    operation_ids = {op.get("operationId") for item in spec["paths"].values() for op in item.values()}
+    links = spec["paths"]["/v1/runs"]["post"]["responses"]["201"]["links"]
+    assert {link["operationId"] for link in links.values()} <= operation_ids
+    # query parameters are text, never null; the parsed cursor's default is not in the document
+    events = {p["name"]: p for p in spec["paths"]["/v1/runs/{hostRunId}/events"]["get"]["parameters"]}
+    assert events["afterSeq"]["schema"] == {"type": "string", "pattern": "^[0-9]{0,18}$"}
+    assert events["projection"]["schema"]["$ref"] == "#/components/schemas/Projection"
+    assert events["hostRunId"]["in"] == "path" and events["hostRunId"]["required"] is True
+
+
+async def test_hostile_run_requests_get_the_same_400s(make_gateway: Any) -> None:
+    client = await make_gateway()
+    created = await client.post("/v1/runs", json=run_body("hostile"))
+    run_id = (await created.json())["hostRunId"]
+    for query, code, message in (
+        ("afterSeq=%205", "invalid_cursor", "afterSeq: a cursor is 0 or up to 18 ASCII digits, got ' 5'"),
+        ("limit=0", "invalid_limit", "limit must be 1..5000"),
+        ("limit=5_0", "invalid_limit", "limit must be an integer 1..5000"),
+        ("limit=9999", "invalid_limit", "limit must be 1..5000"),
+        ("limits=5", "invalid_request", "unknown query parameter(s): limits"),
+    ):
+        error = await error_of(await client.get(f"/v1/runs/{run_id}/events?{query}"))
+        assert (error["code"], error["message"]) == (code, message), (query, error)
+    error = await error_of(await client.get(f"/v1/runs/{run_id}/stream?limit=5"))
+    assert error["message"] == "unknown query parameter(s): limit"
+    error = await error_of(await client.get(f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": "x"}))
+    assert error["code"] == "invalid_cursor" and error["message"].startswith("Last-Event-ID")
+    error = await error_of(await client.get(f"/v1/runs/{run_id}/events?projection=nope"))
+    assert error["code"] == "unknown_projection" and "ui" in error["known"]
+    for body in ({}, {"optionId": ""}, {"optionId": 1}, {"optionId": "a", "more": 1}, [1]):
+        response = await client.post(f"/v1/runs/{run_id}/permissions/p1", json=body)
+        error = await error_of(response)
+        assert error == {"code": "invalid_request", "message": 'send {"optionId": "<one of the offered options>"}'}
+    page = await client.get(f"/v1/runs/{run_id}/events?afterSeq=&limit=2&projection=ui")
+    assert page.status == 200 and len((await page.json())["events"]) == 2
+    assert (await error_of(await client.get("/v1/runs/run_0/events?limit=1"), 404))["code"] == "run_not_found"
 
 
 # The sessions routes' refusals before they were declared: (method, path, query, body) -> the
