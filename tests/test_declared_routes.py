@@ -4,6 +4,7 @@ preference defaults come after validation, and a plugin can declare its routes t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,8 +13,9 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_gateway import ApiError, Identifier, NonBlankText, PluginError, PluginRoutes, Route, RouteResponse, hookimpl
 from agent_gateway.declare import declared_paths
-from agent_gateway.routes import receipts, runs, sessions
+from agent_gateway.routes import agents, preferences, receipts, runs, sessions, workspaces
 from agent_gateway.routes.runs import CREATE_RUN
+from agent_gateway.routes.system import OPENAPI_PATH
 from tests._descriptors import ALICE, BOB, MakeClient, make_client_fixture, put_prefs  # noqa: F401
 from tests._harness import run_body
 from tests._sessions import ALICE as ALICE_TOKEN
@@ -83,6 +85,27 @@ async def test_the_served_run_operations_are_the_declarations(make_gateway: Any)
     assert events["afterSeq"]["schema"] == {"type": "string", "pattern": "^[0-9]{0,18}$"}
     assert events["projection"]["schema"]["$ref"] == "#/components/schemas/Projection"
     assert events["hostRunId"]["in"] == "path" and events["hostRunId"]["required"] is True
+
+
+async def test_agents_preferences_and_workspaces_are_declared(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    served_operations_are_the_declarations(spec, (*agents.DECLARED, *preferences.DECLARED, *workspaces.DECLARED))
+    # what gateway/openapi.json still writes by hand: only these
+    written = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))["paths"]
+    assert set(written) == {"/v1/health", "/openapi.json", "/metrics", "/v1/mcp"}
+    for body in ({}, {"values": {}, "more": 1}, [1], {"value": {}}):
+        error = await error_of(await client.put("/v1/preferences", json=body))
+        assert error == {
+            "code": "invalid_request",
+            "message": 'send {"values": {"<preference key>": value or null, ...}}',
+        }, body
+    error = await error_of(await client.put("/v1/preferences", json={"values": []}))
+    assert error["code"] != "invalid_request" or "values" in error["message"]  # the registry's own check
+    fine = await client.put("/v1/preferences", json={"values": {}})
+    assert fine.status == 200, await fine.text()
+    unknown = await error_of(await client.get("/v1/agents/nope"), 404)
+    assert unknown["code"] == "unknown_agent"
 
 
 async def test_hostile_run_requests_get_the_same_400s(make_gateway: Any) -> None:

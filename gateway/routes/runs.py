@@ -204,6 +204,12 @@ CREATE_RUN: Route[api_models.RunRequest, CreateRunQuery] = Route(
     errors=(400, 401, 403, 404, 409, 413, 415, 429, 503),
 )
 RUN_ERRORS = (400, 401, 403, 404, 503)
+LAST_EVENT_ID = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "schema": {"type": "string", "pattern": CURSOR_PATTERN},
+    "description": "Resume after this event id (the padded seq); wins over afterSeq.",
+}
 RECEIPT = "The run receipt (gateway.run.v1)"
 GET_RUN: Route[Any, Any, RunPath] = Route(
     "GET",
@@ -250,14 +256,7 @@ STREAM_RUN: Route[Any, StreamQuery, RunPath] = Route(
     operation_id="streamRun",
     params=RunPath,
     query=StreamQuery,
-    headers=(
-        {
-            "name": "Last-Event-ID",
-            "in": "header",
-            "schema": {"type": "string", "pattern": CURSOR_PATTERN},
-            "description": "Resume after this event id (the padded seq); wins over afterSeq.",
-        },
-    ),
+    headers=(LAST_EVENT_ID,),
     responses={
         200: RouteResponse(
             "text/event-stream: one SSE event per journal event (`id`, `event`, `data`), `: ping` comments as "

@@ -20,7 +20,7 @@ from agent_gateway.declare import declared_paths, merge_components
 from agent_gateway.descriptors import Descriptors, FieldSpec
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
-from agent_gateway.routes import receipts, runs, sessions
+from agent_gateway.routes import agents, preferences, receipts, runs, sessions, workspaces
 
 if TYPE_CHECKING:
     from agent_gateway.runs import RunManager
@@ -69,7 +69,16 @@ def core_spec() -> dict[str, Any]:
     """The core's document before any plugin: the declared routes' operations and schemas
     (gateway/declare.py), and the rest still written by hand (openapi.json)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    paths, schemas = declared_paths((*runs.DECLARED, *receipts.DECLARED, *sessions.DECLARED))
+    paths, schemas = declared_paths(
+        (
+            *runs.DECLARED,
+            *receipts.DECLARED,
+            *sessions.DECLARED,
+            *agents.DECLARED,
+            *preferences.DECLARED,
+            *workspaces.DECLARED,
+        )
+    )
     for path, item in paths.items():
         spec["paths"][path] = {**spec["paths"].get(path, {}), **item}
     merge_components(spec["components"]["schemas"], schemas, "the core's declared routes")
