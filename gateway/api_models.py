@@ -48,7 +48,7 @@ def no_default(schema: dict[str, Any]) -> None:
 class RunContext(BaseModel):
     """What the host gives the agent: target, refs, allowedRoots (paths inside the workspace), host-specific keys."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
     allowedRoots: list[str] = Field(default_factory=list)
 
 
@@ -67,7 +67,7 @@ def _run_request_schema(schema: dict[str, Any]) -> None:
 class RunRequest(BaseModel):
     """A `POST /v1/runs` body."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
     adjust_openapi_schema: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(_run_request_schema)
 
     requestId: Identifier = Field(
@@ -141,7 +141,7 @@ class Run(BaseModel):
 
     # Documentation only: the gateway builds receipts itself (models.Run.to_receipt).
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     schema_: Literal["gateway.run.v1"] = Field(alias="schema")
     hostRunId: Annotated[str, Field(pattern=r"^run_[0-9a-f]{24}$")]

@@ -141,7 +141,7 @@ STREAM_FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 
 
 class CreateRunQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
     stream: Literal["0", "1", "true", "false", ""] | None = None
 
     @classmethod

@@ -120,7 +120,6 @@ def setup(
 ) -> None:
     """``plugin_paths``, ``plugin_schemas``: the OpenAPI path items and component schemas plugins
     declare with their routes (live, read-only views: plugins add routes after the core's)."""
-    spec = core_spec()
     served: dict[str, bytes] = {}
 
     # One storage ping at a time: concurrent probes share it, so a hung database holds one worker.
@@ -171,6 +170,8 @@ def setup(
 
     async def openapi(request: web.Request) -> web.Response:
         if "body" not in served:  # built once: routes and registries are fixed once the app runs
+            # (on first request, not at start-up: the declared models build their schemas here)
+            spec = core_spec()
             served["body"] = json.dumps(await served_spec(sources, spec, plugin_paths, plugin_schemas)).encode()
         return web.Response(body=served["body"], content_type="application/json")
 
