@@ -40,14 +40,15 @@ WebhookUrl = Annotated[
 ]
 
 
-def _no_default(schema: dict[str, Any]) -> None:
+def no_default(schema: dict[str, Any]) -> None:
+    """(``json_schema_extra``) A field whose default the document does not name."""
     schema.pop("default", None)
 
 
 class RunContext(BaseModel):
     """What the host gives the agent: target, refs, allowedRoots (paths inside the workspace), host-specific keys."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
     allowedRoots: list[str] = Field(default_factory=list)
 
 
@@ -66,7 +67,7 @@ def _run_request_schema(schema: dict[str, Any]) -> None:
 class RunRequest(BaseModel):
     """A `POST /v1/runs` body."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
     adjust_openapi_schema: ClassVar[Callable[[dict[str, Any]], None]] = staticmethod(_run_request_schema)
 
     requestId: Identifier = Field(
@@ -95,7 +96,7 @@ class RunRequest(BaseModel):
     # (its default is the gateway's configured one: the document names none)
     multitaskStrategy: MultitaskStrategy = Field(
         "enqueue",
-        json_schema_extra=_no_default,
+        json_schema_extra=no_default,
         description="What this run does while a run of its session is still active (double-texting): `enqueue` "
         "queues behind it (status `queued`); `reject` refuses this run with 409 `session_busy` and creates "
         "nothing; `interrupt` cancels the active run (it keeps what it streamed and ends `cancelled`, reason "
@@ -140,7 +141,7 @@ class Run(BaseModel):
 
     # Documentation only: the gateway builds receipts itself (models.Run.to_receipt).
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     schema_: Literal["gateway.run.v1"] = Field(alias="schema")
     hostRunId: Annotated[str, Field(pattern=r"^run_[0-9a-f]{24}$")]

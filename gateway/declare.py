@@ -14,18 +14,21 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal
 
 from aiohttp import web
-from pydantic import AfterValidator, BaseModel, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, WithJsonSchema
 from pydantic.json_schema import GenerateJsonSchema
 from pydantic_core import PydanticCustomError, core_schema
+from typing_extensions import TypeVar
 
 from agent_gateway.errors import ApiError, ErrorShape, PluginError
 
 M = TypeVar("M", bound=BaseModel)
 B = TypeVar("B", bound=BaseModel)
 Q = TypeVar("Q", bound=BaseModel)
+# (a default: a route is written Route[Body, Query] when its path has no declared variables)
+P = TypeVar("P", bound=BaseModel, default=BaseModel)
 
 COMPONENT_REF = "#/components/schemas/{model}"
 # A text holds something besides white space: a character no regex dialect (Python's, ECMA-262's
@@ -89,9 +92,31 @@ class _OpenApiSchema(GenerateJsonSchema):
         return out
 
 
+# (a stand-in pydantic leaves alone: it resolves every "$ref" it meets among its own definitions)
+_COMPONENT_MARK = "x-agent-gateway-component"
+
+
+def component(name: str) -> WithJsonSchema:
+    """A field's schema in the document: a reference to the component schema ``name``, one the
+    served document defines without a model (``Annotated[str | None, component("Projection")]``)."""
+    return WithJsonSchema({_COMPONENT_MARK: name})
+
+
+def _resolve_components(value: Any) -> Any:
+    if isinstance(value, dict):
+        if _COMPONENT_MARK in value:
+            rest = {k: v for k, v in value.items() if k != _COMPONENT_MARK}
+            return {"$ref": COMPONENT_REF.format(model=value[_COMPONENT_MARK]), **rest}
+        return {k: _resolve_components(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve_components(v) for v in value]
+    return value
+
+
 def json_schema(model: type[BaseModel], mode: Literal["validation", "serialization"] = "validation") -> dict[str, Any]:
     """``model``'s JSON Schema as the document writes it (references to ``components/schemas``)."""
     schema = model.model_json_schema(ref_template=COMPONENT_REF, schema_generator=_OpenApiSchema, mode=mode)
+    schema = _resolve_components(schema)
     # A model may adjust its own schema once generated (``adjust_openapi_schema(schema)``), e.g. to
     # refer to a component of the document no model declares: pydantic resolves every $ref itself.
     adjust = getattr(model, "adjust_openapi_schema", None)
@@ -135,13 +160,25 @@ def _phrase(error: Mapping[str, Any]) -> str:
     return message[:1].lower() + message[1:]
 
 
+REFUSAL = "api_refusal"
+
+
+def refuse(code: str, message: str, **extra: Any) -> PydanticCustomError:
+    """A validator's refusal with the route's own error code and whole message (``400 code``,
+    ``extra`` in the error object), for the refusals a route had before it was declared."""
+    return PydanticCustomError(REFUSAL, "{message}", {"message": message, "code": code, "extra": extra})
+
+
 def problem(exc: ValidationError, what: str = "the body") -> ApiError:
-    """The ``400 invalid_request`` of a refused body or query: its first bad field, named (and in
-    ``field``), or all its unknown fields."""
+    """The ``400`` of a refused body, query or path: a validator's own refusal (:func:`refuse`), or
+    ``invalid_request`` naming the first bad field (also in ``field``), or all its unknown fields."""
     errors = exc.errors(include_url=False, include_input=False)
     for error in errors:
         if error["type"] == "extra_forbidden":
             continue
+        if error["type"] == REFUSAL:
+            ctx = error["ctx"]
+            return ApiError(400, ctx["code"], ctx["message"], **ctx["extra"])
         location = ".".join(str(part) for part in error["loc"])
         if not location:  # the whole value: not an object at all
             return ApiError(400, "invalid_request", f"{what} must be a JSON object")
@@ -172,11 +209,13 @@ class RouteResponse:
 
 
 @dataclass(frozen=True)
-class Route(Generic[B, Q]):
+class Route(Generic[B, Q, P]):
     """One HTTP route, declared once (see the module's docstring).
 
     ``path`` is aiohttp's (``{name}``, or ``{name:regex}``); the document writes it ``{name}``.
-    ``body`` and ``query`` are pydantic models (forbid extra fields to refuse unknown ones);
+    ``body``, ``query`` and ``params`` (the path's variables, named as in ``path``) are pydantic
+    models (forbid extra fields to refuse unknown ones); ``headers``, header parameters as OpenAPI
+    writes them (what the handler reads of them);
     ``responses`` by status; ``errors`` are statuses described by the core's shared error
     responses (``400``, ``404``, ...). ``error_shape`` (plugins), when given, returns the JSON
     error body of every refusal on this path (another protocol's). ``openapi`` adds or overrides
@@ -192,6 +231,8 @@ class Route(Generic[B, Q]):
     body_required: bool = True
     query: type[Q] | None = None
     query_descriptions: Mapping[str, str] = field(default_factory=dict)
+    params: type[P] | None = None
+    headers: tuple[Mapping[str, Any], ...] = ()
     responses: Mapping[int | str, RouteResponse] = field(default_factory=dict)
     errors: tuple[int, ...] = ()
     error_shape: ErrorShape | None = None
@@ -224,11 +265,34 @@ class Route(Generic[B, Q]):
         values = dict(request.query) if request.rel_url.raw_query_string else {}
         return parse_model(self.query, values, "the query")
 
+    def parse_path(self, request: web.Request) -> P:
+        """The path's variables as the declared model, or ``400`` (the model's refusal)."""
+        if self.params is None:
+            raise TypeError(f"route {self.method} {self.path} declares no path variables")
+        return parse_model(self.params, dict(request.match_info), "the path")
+
     # -- the document's half --------------------------------------------------------------------------
     @property
     def openapi_path(self) -> str:
         """The path as the document writes it (``{name:regex}`` becomes ``{name}``)."""
         return openapi_path(self.path)
+
+    def _parameters(self, model: type[BaseModel] | None, where: str) -> list[dict[str, Any]]:
+        if model is None:
+            return []
+        schema = json_schema(model)
+        required = set(schema.get("required", ()))
+        parameters = []
+        for name, prop in schema.get("properties", {}).items():
+            prop = parameter_schema(prop)
+            description = self.query_descriptions.get(name) or prop.pop("description", None)
+            parameter: dict[str, Any] = {"name": name, "in": where, "schema": prop}
+            if name in required or where == "path":
+                parameter["required"] = True
+            if description:
+                parameter["description"] = description
+            parameters.append(parameter)
+        return parameters
 
     def openapi_operation(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The OpenAPI operation object, and the component schemas it refers to by name."""
@@ -241,19 +305,9 @@ class Route(Generic[B, Q]):
             operation["description"] = self.description
         if self.tags:
             operation["tags"] = list(self.tags)
-        if self.query is not None:
-            schema = json_schema(self.query)
-            required = set(schema.get("required", ()))
-            parameters = []
-            for name, prop in schema.get("properties", {}).items():
-                prop = dict(prop)
-                description = self.query_descriptions.get(name) or prop.pop("description", None)
-                parameter: dict[str, Any] = {"name": name, "in": "query", "schema": prop}
-                if name in required:
-                    parameter["required"] = True
-                if description:
-                    parameter["description"] = description
-                parameters.append(parameter)
+        parameters = [*self._parameters(self.params, "path"), *self._parameters(self.query, "query")]
+        parameters += [dict(header) for header in self.headers]
+        if parameters:
             operation["parameters"] = parameters
         if self.body is not None:
             ref, needed = model_schemas(self.body)
@@ -286,6 +340,21 @@ class Route(Generic[B, Q]):
         return operation, components
 
 
+def parameter_schema(prop: Mapping[str, Any]) -> dict[str, Any]:
+    """A parameter's schema from its model field's: a query parameter is text or absent, never
+    null, so an optional field's ``null`` alternative and ``None`` default are left out."""
+    out = dict(prop)
+    alternatives = out.get("anyOf")
+    if isinstance(alternatives, list):
+        kept = [item for item in alternatives if item != {"type": "null"}]
+        if len(kept) < len(alternatives):
+            del out["anyOf"]
+            out = {**kept[0], **out} if len(kept) == 1 else {**out, "anyOf": kept}
+    if "default" in out and out["default"] is None:
+        del out["default"]
+    return out
+
+
 def merge_components(into: dict[str, Any], schemas: Mapping[str, Any], where: str) -> None:
     """Add component schemas to a document's; a different schema under a taken name is an error."""
     for name, schema in schemas.items():
@@ -294,7 +363,7 @@ def merge_components(into: dict[str, Any], schemas: Mapping[str, Any], where: st
         into[name] = schema
 
 
-def declared_paths(routes: Iterable[Route[Any, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+def declared_paths(routes: Iterable[Route[Any, Any, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """The OpenAPI path items and component schemas of ``routes``."""
     paths: dict[str, dict[str, Any]] = {}
     components: dict[str, Any] = {}

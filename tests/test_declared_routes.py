@@ -4,6 +4,7 @@ preference defaults come after validation, and a plugin can declare its routes t
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -12,9 +13,13 @@ from pydantic import BaseModel, ConfigDict
 
 from agent_gateway import ApiError, Identifier, NonBlankText, PluginError, PluginRoutes, Route, RouteResponse, hookimpl
 from agent_gateway.declare import declared_paths
+from agent_gateway.routes import agents, preferences, receipts, runs, sessions, workspaces
 from agent_gateway.routes.runs import CREATE_RUN
+from agent_gateway.routes.system import OPENAPI_PATH
 from tests._descriptors import ALICE, BOB, MakeClient, make_client_fixture, put_prefs  # noqa: F401
 from tests._harness import run_body
+from tests._sessions import ALICE as ALICE_TOKEN
+from tests._sessions import TOKENS, auth
 
 
 async def test_the_served_create_run_operation_is_the_declarations(make_gateway: Any) -> None:
@@ -30,6 +35,214 @@ async def test_the_served_create_run_operation_is_the_declarations(make_gateway:
         name = operation["responses"][str(status)]["$ref"].rsplit("/", 1)[1]
         assert name in spec["components"]["responses"], status
     assert "AgentId" in spec["components"]["schemas"] and "SseEvent" in spec["components"]["schemas"]
+
+
+def served_operations_are_the_declarations(spec: dict[str, Any], routes: tuple[Route[Any, Any, Any], ...]) -> None:
+    for route in routes:
+        operation, schemas = route.openapi_operation()
+        assert spec["paths"][route.openapi_path][route.method.lower()] == operation, (route.method, route.path)
+        for name, schema in schemas.items():
+            assert spec["components"]["schemas"][name] == schema, name
+        for status in route.errors:  # the references the declaration makes resolve
+            name = operation["responses"][str(status)]["$ref"].rsplit("/", 1)[1]
+            assert name in spec["components"]["responses"], status
+
+
+async def test_the_served_sessions_operations_are_the_declarations(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    served_operations_are_the_declarations(spec, sessions.DECLARED)
+    assert {route.openapi_path for route in sessions.DECLARED} == {
+        "/v1/sessions",
+        "/v1/sessions:delete",
+        "/v1/sessions/{sessionId}",
+        "/v1/sessions/{sessionId}/export",
+        "/v1/sessions/{sessionId}/agent-session",
+    }
+    # the path variable is the document's name (no second spelling in the router)
+    assert {
+        resource.canonical
+        for resource in client.app.router.resources()
+        if resource.canonical.startswith("/v1/sessions")
+    } >= {"/v1/sessions/{sessionId}", "/v1/sessions/{sessionId}/export"}
+
+
+async def test_the_served_run_operations_are_the_declarations(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    declared = (*runs.DECLARED, *receipts.DECLARED)
+    served_operations_are_the_declarations(spec, declared)
+    run_paths = {path for path in spec["paths"] if path.startswith("/v1/runs")}
+    # nothing else written by hand
+    assert run_paths == {route.openapi_path for route in declared if route.openapi_path.startswith("/v1/runs")}
+    assert "/v1/sessions/{sessionId}/active-run" in {route.openapi_path for route in runs.DECLARED}
+    # the links of a created run name operations that exist
+    operation_ids = {op.get("operationId") for item in spec["paths"].values() for op in item.values()}
+    links = spec["paths"]["/v1/runs"]["post"]["responses"]["201"]["links"]
+    assert {link["operationId"] for link in links.values()} <= operation_ids
+    # query parameters are text, never null; the parsed cursor's default is not in the document
+    events = {p["name"]: p for p in spec["paths"]["/v1/runs/{hostRunId}/events"]["get"]["parameters"]}
+    assert events["afterSeq"]["schema"] == {"type": "string", "pattern": "^[0-9]{0,18}$"}
+    assert events["projection"]["schema"]["$ref"] == "#/components/schemas/Projection"
+    assert events["hostRunId"]["in"] == "path" and events["hostRunId"]["required"] is True
+
+
+async def test_agents_preferences_and_workspaces_are_declared(make_gateway: Any) -> None:
+    client = await make_gateway()
+    spec = await (await client.get("/openapi.json")).json()
+    served_operations_are_the_declarations(spec, (*agents.DECLARED, *preferences.DECLARED, *workspaces.DECLARED))
+    # what gateway/openapi.json still writes by hand: only these
+    written = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))["paths"]
+    assert set(written) == {"/v1/health", "/openapi.json", "/metrics", "/v1/mcp"}
+    for body in ({}, {"values": {}, "more": 1}, [1], {"value": {}}):
+        error = await error_of(await client.put("/v1/preferences", json=body))
+        assert error == {
+            "code": "invalid_request",
+            "message": 'send {"values": {"<preference key>": value or null, ...}}',
+        }, body
+    error = await error_of(await client.put("/v1/preferences", json={"values": []}))
+    assert error["code"] != "invalid_request" or "values" in error["message"]  # the registry's own check
+    fine = await client.put("/v1/preferences", json={"values": {}})
+    assert fine.status == 200, await fine.text()
+    unknown = await error_of(await client.get("/v1/agents/nope"), 404)
+    assert unknown["code"] == "unknown_agent"
+
+
+async def test_hostile_run_requests_get_the_same_400s(make_gateway: Any) -> None:
+    client = await make_gateway()
+    created = await client.post("/v1/runs", json=run_body("hostile"))
+    run_id = (await created.json())["hostRunId"]
+    for query, code, message in (
+        ("afterSeq=%205", "invalid_cursor", "afterSeq: a cursor is 0 or up to 18 ASCII digits, got ' 5'"),
+        ("limit=0", "invalid_limit", "limit must be 1..5000"),
+        ("limit=5_0", "invalid_limit", "limit must be an integer 1..5000"),
+        ("limit=9999", "invalid_limit", "limit must be 1..5000"),
+        ("limits=5", "invalid_request", "unknown query parameter(s): limits"),
+    ):
+        error = await error_of(await client.get(f"/v1/runs/{run_id}/events?{query}"))
+        assert (error["code"], error["message"]) == (code, message), (query, error)
+    error = await error_of(await client.get(f"/v1/runs/{run_id}/stream?limit=5"))
+    assert error["message"] == "unknown query parameter(s): limit"
+    error = await error_of(await client.get(f"/v1/runs/{run_id}/stream", headers={"Last-Event-ID": "x"}))
+    assert error["code"] == "invalid_cursor" and error["message"].startswith("Last-Event-ID")
+    error = await error_of(await client.get(f"/v1/runs/{run_id}/events?projection=nope"))
+    assert error["code"] == "unknown_projection" and "ui" in error["known"]
+    for body in ({}, {"optionId": ""}, {"optionId": 1}, {"optionId": "a", "more": 1}, [1]):
+        response = await client.post(f"/v1/runs/{run_id}/permissions/p1", json=body)
+        error = await error_of(response)
+        assert error == {"code": "invalid_request", "message": 'send {"optionId": "<one of the offered options>"}'}
+    page = await client.get(f"/v1/runs/{run_id}/events?afterSeq=&limit=2&projection=ui")
+    assert page.status == 200 and len((await page.json())["events"]) == 2
+    assert (await error_of(await client.get("/v1/runs/run_0/events?limit=1"), 404))["code"] == "run_not_found"
+
+
+# The sessions routes' refusals before they were declared: (method, path, query, body) -> the
+# code and message they keep.
+SESSION_HOSTILE: list[tuple[str, str, dict[str, str], Any, str, str]] = [
+    ("GET", "/v1/sessions", {"limit": "0"}, None, "invalid_limit", "limit must be 1..200"),
+    ("GET", "/v1/sessions", {"limit": "x"}, None, "invalid_limit", "limit must be an integer"),
+    ("GET", "/v1/sessions", {"q": "x" * 501}, None, "invalid_query", "q must be at most 500 characters, without NUL"),
+    ("GET", "/v1/sessions", {"q": "a\x00"}, None, "invalid_query", "q must be at most 500 characters, without NUL"),
+    (
+        "GET",
+        "/v1/sessions",
+        {"agentId": "a" * 201},
+        None,
+        "invalid_agent_id",
+        "agentId must be at most 200 characters, without NUL",
+    ),
+    ("GET", "/v1/sessions", {"status": "done"}, None, "invalid_status", "unknown status filter"),
+    ("GET", "/v1/sessions", {"cursor": "!!"}, None, "invalid_cursor", "cursor: not a cursor this API returned"),
+    ("GET", "/v1/sessions", {"qq": "x"}, None, "invalid_request", "unknown query parameter(s): qq"),
+    (
+        "GET",
+        "/v1/sessions/%20",
+        {},
+        None,
+        "invalid_session_id",
+        "a session id must be a string with a visible character",
+    ),
+    ("GET", "/v1/sessions/" + "s" * 201, {}, None, "invalid_session_id", "a session id must be at most 200 characters"),
+    ("GET", "/v1/sessions/s/export", {"format": "pdf"}, None, "invalid_format", "format must be json or markdown"),
+    ("PATCH", "/v1/sessions/s", {}, {}, "invalid_request", 'send {"title": "...", "pinned": true|false}'),
+    ("PATCH", "/v1/sessions/s", {}, [1], "invalid_request", 'send {"title": "...", "pinned": true|false}'),
+    (
+        "PATCH",
+        "/v1/sessions/s",
+        {},
+        {"title": 5},
+        "invalid_request",
+        'title must be a string of at most 200 characters ("": default)',
+    ),
+    (
+        "PATCH",
+        "/v1/sessions/s",
+        {},
+        {"title": "t" * 201},
+        "invalid_request",
+        'title must be a string of at most 200 characters ("": default)',
+    ),
+    ("PATCH", "/v1/sessions/s", {}, {"pinned": "yes"}, "invalid_request", "pinned must be true or false"),
+    ("PATCH", "/v1/sessions/s", {}, {"title": "t", "tags": []}, "invalid_request", "unknown field(s): tags"),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": []},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": "s"},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": ["s"] * 101},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": ["s"], "all": True},
+        "invalid_request",
+        'send {"sessionIds": [...]} with 1..100 ids',
+    ),
+    ("POST", "/v1/sessions:delete", {}, [1], "invalid_request", 'send {"sessionIds": [...]} with 1..100 ids'),
+    (
+        "POST",
+        "/v1/sessions:delete",
+        {},
+        {"sessionIds": ["s", 7]},
+        "invalid_session_id",
+        "a session id must be a string with a visible character",
+    ),
+]
+
+
+async def test_hostile_sessions_requests_get_the_same_400s(make_gateway: Any) -> None:
+    client = await make_gateway(tokens=TOKENS)
+    for method, path, query, body, code, message in SESSION_HOSTILE:
+        response = await client.request(method, path, params=query, json=body, headers=auth(ALICE_TOKEN))
+        error = await error_of(response)
+        assert (error["code"], error["message"]) == (code, message), (method, path, query, body, error)
+    status = await error_of(await client.get("/v1/sessions", params={"status": "x"}, headers=auth(ALICE_TOKEN)))
+    assert "completed" in status["known"] and "active" in status["known"]
+    # what the models take: empty filters are none, q is trimmed, an unknown session is a 404
+    listed = await client.get(
+        "/v1/sessions", params={"agentId": "", "status": "", "cursor": "", "q": " "}, headers=auth(ALICE_TOKEN)
+    )
+    assert listed.status == 200 and (await listed.json())["sessions"] == []
+    missing = await client.patch("/v1/sessions/nope", json={"title": None, "pinned": True}, headers=auth(ALICE_TOKEN))
+    assert (await error_of(missing, 404))["code"] == "session_not_found"
 
 
 async def error_of(response: Any, status: int = 400) -> dict[str, Any]:

@@ -4,14 +4,55 @@ actor (see agent_gateway.descriptors)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent_gateway.auth import ACTOR_ID, Auth, identity
+from agent_gateway.declare import Route, RouteResponse, component
 from agent_gateway.descriptors import DESCRIPTORS_SCHEMA
 from agent_gateway.errors import ApiError
 from agent_gateway.preferences import Preferences
+
+AgentDescriptor = Annotated[dict[str, Any], component("AgentDescriptor")]
+
+
+class AgentDescriptors(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+    schema_: Literal["gateway.agent_descriptors.v1"] = Field(alias="schema")
+    actorId: str
+    agents: list[AgentDescriptor]
+
+
+class AgentPath(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
+    agentId: str = Field(min_length=1)
+
+
+LIST_AGENTS: Route[Any, Any] = Route(
+    "GET",
+    "/v1/agents",
+    "Agent descriptors, merged for the calling actor",
+    operation_id="listAgents",
+    responses={200: RouteResponse("gateway.agent_descriptors.v1", AgentDescriptors)},
+    errors=(400, 401, 403, 503),
+)
+GET_AGENT: Route[Any, Any, AgentPath] = Route(
+    "GET",
+    "/v1/agents/{agentId}",
+    "One agent descriptor (gateway.agent_descriptor.v1) for the calling actor",
+    operation_id="getAgent",
+    params=AgentPath,
+    responses={
+        200: RouteResponse(
+            "The descriptor",
+            content={"application/json": {"schema": {"$ref": "#/components/schemas/AgentDescriptor"}}},
+        )
+    },
+    errors=(400, 401, 403, 404, 503),
+)
+DECLARED: tuple[Route[Any, Any, Any], ...] = (LIST_AGENTS, GET_AGENT)
 
 
 def setup(app: web.Application, auth: Auth, runtimes: Mapping[str, Any], preferences: Preferences) -> None:
@@ -27,7 +68,7 @@ def setup(app: web.Application, auth: Auth, runtimes: Mapping[str, Any], prefere
         return web.json_response({"schema": DESCRIPTORS_SCHEMA, "actorId": request[ACTOR_ID], "agents": agents})
 
     async def one_agent(request: web.Request) -> web.Response:
-        agent_id = request.match_info["agent_id"]
+        agent_id = GET_AGENT.parse_path(request).agentId
         if agent_id not in runtimes:
             raise ApiError(404, "unknown_agent", f"unknown agentId {agent_id[:100]!r}", knownAgents=sorted(runtimes))
         if auth.authorizing:
@@ -35,5 +76,5 @@ def setup(app: web.Application, auth: Auth, runtimes: Mapping[str, Any], prefere
         (descriptor,) = await preferences.describe_agents(request[ACTOR_ID], agent_id)
         return web.json_response(descriptor)
 
-    app.router.add_get("/v1/agents", list_agents)
-    app.router.add_get("/v1/agents/{agent_id}", one_agent)
+    app.router.add_route(LIST_AGENTS.method, LIST_AGENTS.path, list_agents)
+    app.router.add_route(GET_AGENT.method, GET_AGENT.path, one_agent)

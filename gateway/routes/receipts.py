@@ -6,18 +6,43 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
 from agent_gateway.auth import ACTOR_ID, Auth, run_resource
+from agent_gateway.declare import Route, RouteResponse, component
 from agent_gateway.errors import ApiError
+from agent_gateway.routes.runs import RUN_ERRORS, RunPath
 
 if TYPE_CHECKING:
     from agent_gateway.runs import RunManager
     from agent_gateway.storage import Storage
 
 RECEIPTS_SCHEMA = "gateway.tool_receipts.v1"
+
+
+class ToolReceipts(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+    schema_: Literal["gateway.tool_receipts.v1"] = Field(alias="schema")
+    hostRunId: str
+    receipts: list[Annotated[dict[str, Any], component("ToolReceipt")]]
+
+
+RUN_RECEIPTS: Route[Any, Any, RunPath] = Route(
+    "GET",
+    "/v1/runs/{hostRunId}/receipts",
+    "The tool receipts of a run (gateway.tool_receipts.v1)",
+    operation_id="getRunReceipts",
+    description="What touched the run's files: the receipts of the calls made through the gateway's tool facade "
+    "(`source` gateway) and of the tool calls the agent reported running itself (`source` agent), in the order the "
+    "calls ended (`createdAt`). Every receipt of a run is stored before its terminal event is sent.",
+    params=RunPath,
+    responses={200: RouteResponse("Receipts", ToolReceipts)},
+    errors=RUN_ERRORS,
+)
+DECLARED = (RUN_RECEIPTS,)
 
 
 def _created_at(receipt: dict[str, Any]) -> int:
@@ -34,7 +59,7 @@ def in_call_order(receipts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def setup(app: web.Application, auth: Auth, runs: RunManager, storage: Storage, executor: Executor) -> None:
     async def list_receipts(request: web.Request) -> web.Response:
-        run = await runs.get(request.match_info["host_run_id"], request[ACTOR_ID])
+        run = await runs.get(RUN_RECEIPTS.parse_path(request).hostRunId, request[ACTOR_ID])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         if auth.authorizing:
@@ -45,4 +70,4 @@ def setup(app: web.Application, auth: Auth, runs: RunManager, storage: Storage, 
             {"schema": RECEIPTS_SCHEMA, "hostRunId": run.host_run_id, "receipts": in_call_order(receipts)}
         )
 
-    app.router.add_get("/v1/runs/{host_run_id}/receipts", list_receipts)
+    app.router.add_route(RUN_RECEIPTS.method, RUN_RECEIPTS.path, list_receipts)

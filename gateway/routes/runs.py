@@ -7,16 +7,16 @@ import re
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from agent_gateway import api_models
 from agent_gateway.auth import ACTOR_ID, Auth, run_resource
 from agent_gateway.builtin import ui_projection
-from agent_gateway.declare import Route, RouteResponse
-from agent_gateway.errors import ApiError, error_response, read_json
+from agent_gateway.declare import Route, RouteResponse, component, refuse
+from agent_gateway.errors import ApiError, error_response
 from agent_gateway.journal import Journal
 from agent_gateway.models import Run, dumps, format_cursor, parse_cursor
 from agent_gateway.preferences import Preferences
@@ -29,17 +29,111 @@ MAX_PAGE = 5000
 
 
 # What /openapi.json declares: ASCII digits only, no sign, no spaces (empty means 0).
+CURSOR_PATTERN = "^[0-9]{0,18}$"
 _CURSOR_TEXT = re.compile(r"[0-9]{0,18}")
 _LIMIT_TEXT = re.compile(r"[0-9]{1,9}")
 
 
-def _cursor(value: str | None, name: str) -> int:
+def cursor_problem(value: str | None, name: str) -> tuple[int, str | None]:
+    """A cursor's seq, or what is wrong with it (``None`` is 0)."""
     if value is not None and not _CURSOR_TEXT.fullmatch(value):
-        raise ApiError(400, "invalid_cursor", f"{name}: a cursor is 0 or up to 18 ASCII digits, got {value[:40]!r}")
+        return 0, f"{name}: a cursor is 0 or up to 18 ASCII digits, got {value[:40]!r}"
     try:
-        return parse_cursor(value)
+        return parse_cursor(value), None
     except ValueError as exc:
-        raise ApiError(400, "invalid_cursor", f"{name}: {exc}") from exc
+        return 0, f"{name}: {exc}"
+
+
+def _cursor(value: str | None, name: str) -> int:
+    seq, problem = cursor_problem(value, name)
+    if problem:
+        raise ApiError(400, "invalid_cursor", problem)
+    return seq
+
+
+def _after_seq(value: Any) -> Any:
+    if not isinstance(value, str):
+        raise refuse("invalid_cursor", "afterSeq: a cursor is text")
+    seq, problem = cursor_problem(value, "afterSeq")
+    if problem:
+        raise refuse("invalid_cursor", problem)
+    return seq
+
+
+def _page_limit(value: Any) -> Any:
+    if not isinstance(value, str) or not _LIMIT_TEXT.fullmatch(value):  # int() would take " 5", "+5" and "5_0"
+        raise refuse("invalid_limit", f"limit must be an integer 1..{MAX_PAGE}")
+    limit = int(value)
+    if not 1 <= limit <= MAX_PAGE:
+        raise refuse("invalid_limit", f"limit must be 1..{MAX_PAGE}")
+    return limit
+
+
+# afterSeq: the cursor's text in the document, its seq once parsed.
+AfterSeq = Annotated[
+    int,
+    BeforeValidator(_after_seq),
+    WithJsonSchema({"type": "string", "pattern": CURSOR_PATTERN}),
+    Field(
+        description="Strictly-after cursor: ASCII digits, 0 (or empty) or the 18-digit padded seq of an event.",
+        json_schema_extra=api_models.no_default,  # (the parsed default, 0, is no text)
+    ),
+]
+# A projection by name: the served document lists the gateway's (components/schemas/Projection).
+ProjectionName = Annotated[str | None, component("Projection")]
+REQUEST = ConfigDict(extra="forbid", strict=True, defer_build=True)
+
+
+class RunPath(BaseModel):
+    model_config = REQUEST
+    hostRunId: str = Field(min_length=1, description="A run of the calling actor")
+
+
+class PermissionPath(RunPath):
+    requestId: str = Field(min_length=1, description="The requestId of the permission.requested event")
+
+
+class SessionPath(BaseModel):
+    model_config = REQUEST
+    sessionId: str = Field(
+        min_length=1,
+        description="A session of the calling actor (one that holds a `/` cannot be named in a path: 404)",
+    )
+
+
+class EventsQuery(BaseModel):
+    model_config = REQUEST
+    afterSeq: AfterSeq = 0
+    limit: Annotated[int, Field(ge=1, le=MAX_PAGE), BeforeValidator(_page_limit)] = DEFAULT_PAGE
+    projection: ProjectionName = None
+
+
+class StreamQuery(BaseModel):
+    model_config = REQUEST
+    afterSeq: AfterSeq = 0
+    projection: ProjectionName = None
+
+
+class PermissionAnswer(BaseModel):
+    """The answer to a permission request: one of the options it offered."""
+
+    model_config = REQUEST
+    optionId: str = Field(min_length=1, description="One of the offered options")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_option(cls, body: Any) -> Any:
+        option = body.get("optionId") if isinstance(body, dict) else None
+        if not isinstance(option, str) or not option or set(body) != {"optionId"}:
+            raise refuse("invalid_request", 'send {"optionId": "<one of the offered options>"}')
+        return body
+
+
+class ActiveRun(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+    schema_: Literal["gateway.active_run.v1"] = Field(alias="schema")
+    sessionId: str
+    run: api_models.Run | None
 
 
 RUN_ID_HEADER = "X-Host-Run-Id"
@@ -47,7 +141,7 @@ STREAM_FLAGS = {"1": True, "true": True, "0": False, "false": False, "": False}
 
 
 class CreateRunQuery(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
     stream: Literal["0", "1", "true", "false", ""] | None = None
 
     @classmethod
@@ -109,27 +203,122 @@ CREATE_RUN: Route[api_models.RunRequest, CreateRunQuery] = Route(
     },
     errors=(400, 401, 403, 404, 409, 413, 415, 429, 503),
 )
+RUN_ERRORS = (400, 401, 403, 404, 503)
+LAST_EVENT_ID = {
+    "name": "Last-Event-ID",
+    "in": "header",
+    "schema": {"type": "string", "pattern": CURSOR_PATTERN},
+    "description": "Resume after this event id (the padded seq); wins over afterSeq.",
+}
+RECEIPT = "The run receipt (gateway.run.v1)"
+GET_RUN: Route[Any, Any, RunPath] = Route(
+    "GET",
+    "/v1/runs/{hostRunId}",
+    "The run receipt",
+    operation_id="getRun",
+    params=RunPath,
+    responses={200: RouteResponse(RECEIPT, api_models.Run)},
+    errors=RUN_ERRORS,
+)
+RUN_EVENTS: Route[Any, EventsQuery, RunPath] = Route(
+    "GET",
+    "/v1/runs/{hostRunId}/events",
+    "A page of journal events strictly after afterSeq",
+    operation_id="getRunEvents",
+    params=RunPath,
+    query=EventsQuery,
+    responses={
+        200: RouteResponse(
+            "Events (gateway.run_events.v1)",
+            content={"application/json": {"schema": {"$ref": "#/components/schemas/EventPage"}}},
+        )
+    },
+    errors=RUN_ERRORS,
+)
+RUN_WEBHOOK: Route[Any, Any, RunPath] = Route(
+    "GET",
+    "/v1/runs/{hostRunId}/webhook",
+    "The run's webhook delivery",
+    operation_id="getRunWebhook",
+    params=RunPath,
+    responses={
+        200: RouteResponse(
+            "Its delivery state (webhook null: the run has no webhook)",
+            content={"application/json": {"schema": {"$ref": "#/components/schemas/WebhookDelivery"}}},
+        )
+    },
+    errors=RUN_ERRORS,
+)
+STREAM_RUN: Route[Any, StreamQuery, RunPath] = Route(
+    "GET",
+    "/v1/runs/{hostRunId}/stream",
+    "SSE: replay after the cursor, then tail; closes after the terminal event",
+    operation_id="streamRun",
+    params=RunPath,
+    query=StreamQuery,
+    headers=(LAST_EVENT_ID,),
+    responses={
+        200: RouteResponse(
+            "text/event-stream: one SSE event per journal event (`id`, `event`, `data`), `: ping` comments as "
+            "heartbeat; the stream ends after the terminal event",
+            content={"text/event-stream": {"schema": {"$ref": "#/components/schemas/SseEvent"}}},
+        )
+    },
+    errors=RUN_ERRORS,
+)
+CANCEL_RUN: Route[Any, Any, RunPath] = Route(
+    "POST",
+    "/v1/runs/{hostRunId}/cancel",
+    "Cancel a run: 202 while it stops, 200 if it already ended. No body.",
+    operation_id="cancelRun",
+    params=RunPath,
+    headers=(
+        {
+            "name": "X-Agent-Gateway-Client",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "With no tokens configured, a body-less state-changing request needs this header (any "
+            "value) or `Content-Type: application/json`.",
+        },
+    ),
+    responses={
+        200: RouteResponse(RECEIPT, api_models.Run),
+        202: RouteResponse("Cancel requested; the run is stopping", api_models.Run),
+    },
+    errors=RUN_ERRORS,
+)
+ANSWER_PERMISSION: Route[PermissionAnswer, Any, PermissionPath] = Route(
+    "POST",
+    "/v1/runs/{hostRunId}/permissions/{requestId}",
+    "Answer a permission request the agent raised (a permission.requested event)",
+    operation_id="answerPermission",
+    params=PermissionPath,
+    body=PermissionAnswer,
+    responses={200: RouteResponse(RECEIPT, api_models.Run)},
+    errors=(400, 401, 403, 404, 409, 413, 415, 503),
+)
+# Any one path segment: a sessionId may hold braces, which aiohttp's default variable refuses.
+ACTIVE_RUN: Route[Any, Any, SessionPath] = Route(
+    "GET",
+    "/v1/sessions/{sessionId:[^/]+}/active-run",
+    "The session's active (never terminal) run, or null",
+    operation_id="getActiveRun",
+    params=SessionPath,
+    responses={200: RouteResponse("Active run", ActiveRun)},
+    errors=RUN_ERRORS,
+)
 # The core's declared routes: /openapi.json takes their operations from here.
-DECLARED: tuple[Route[Any, Any], ...] = (CREATE_RUN,)
-
-
-def _query(request: web.Request, name: str) -> str | None:
-    """A query parameter. The parsed query is cached on the request, which an open stream keeps:
-    a request without a query string (most streams) does not build it."""
-    return request.query.get(name) if request.rel_url.raw_query_string else None
-
-
-def _only_query(request: web.Request, known: frozenset[str]) -> None:
-    """400 for a query parameter the route does not declare (as for a body's unknown field: a
-    misspelt one must not be silently ignored). Free when there is no query string."""
-    if request.rel_url.raw_query_string:
-        unknown = set(request.query) - known
-        if unknown:
-            raise ApiError(400, "invalid_request", f"unknown query parameter(s): {', '.join(sorted(unknown))[:200]}")
-
-
-EVENTS_QUERY = frozenset({"afterSeq", "limit", "projection"})
-STREAM_QUERY = frozenset({"afterSeq", "projection"})
+DECLARED: tuple[Route[Any, Any, Any], ...] = (
+    CREATE_RUN,
+    GET_RUN,
+    RUN_EVENTS,
+    RUN_WEBHOOK,
+    STREAM_RUN,
+    CANCEL_RUN,
+    ANSWER_PERMISSION,
+    ACTIVE_RUN,
+)
 
 
 def _wants_stream(request: web.Request) -> bool:
@@ -166,15 +355,14 @@ class RunRoutes:
         self.deps = deps
 
     async def _run(self, request: web.Request, action: str = "runs:read") -> Run:
-        run = await self.deps.runs.get(request.match_info["host_run_id"], request[ACTOR_ID])
+        run = await self.deps.runs.get(request.match_info["hostRunId"], request[ACTOR_ID])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         if self.deps.auth.authorizing:
             await self.deps.auth.authorize(request, action, run_resource(run))
         return run
 
-    def _projection(self, request: web.Request) -> Any:
-        name = _query(request, "projection")
+    def _projection(self, name: str | None) -> Any:
         if name is None:
             name = "ui"
         project = self.deps.projections.get(name)
@@ -192,7 +380,7 @@ class RunRoutes:
         header = request.headers.get("Last-Event-ID") if stream else None
         after = _cursor(header, "Last-Event-ID") if header else 0
         # The body is validated as sent; the actor's defaults fill what it left out afterwards.
-        sent = CREATE_RUN.parse_body(await read_json(request)).request()
+        sent = (await CREATE_RUN.read_body(request)).request()
         body = await self.deps.preferences.apply_run_defaults(request[ACTOR_ID], sent)
         try:
             run, created = await self.deps.runs.create(
@@ -224,16 +412,10 @@ class RunRoutes:
         return web.json_response({"hostRunId": run.host_run_id, "webhook": delivery_view(row)})
 
     async def events(self, request: web.Request) -> web.Response:
-        _only_query(request, EVENTS_QUERY)
+        query = RUN_EVENTS.parse_query(request)
         run = await self._run(request)
-        after = _cursor(request.query.get("afterSeq"), "afterSeq")
-        text = request.query.get("limit", str(DEFAULT_PAGE))
-        if not _LIMIT_TEXT.fullmatch(text):  # int() would take " 5", "+5" and "5_0"
-            raise ApiError(400, "invalid_limit", f"limit must be an integer 1..{MAX_PAGE}")
-        limit = int(text)
-        if not 1 <= limit <= MAX_PAGE:
-            raise ApiError(400, "invalid_limit", f"limit must be 1..{MAX_PAGE}")
-        project = self._projection(request)
+        after, limit = query.afterSeq, query.limit
+        project = self._projection(query.projection)
         events = await self.deps.journal.read(run.host_run_id, after, limit)
         if project is None:
             items = b"[" + b",".join(e.wire_bytes() for e in events) + b"]"
@@ -246,11 +428,11 @@ class RunRoutes:
         return web.Response(body=head.encode() + items + tail.encode(), content_type="application/json")
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
-        _only_query(request, STREAM_QUERY)
+        query = STREAM_RUN.parse_query(request)
         run = await self._run(request)
         header = request.headers.get("Last-Event-ID")
-        after = _cursor(header, "Last-Event-ID") if header else _cursor(_query(request, "afterSeq"), "afterSeq")
-        return await self._stream(request, run, after, self._projection(request))
+        after = _cursor(header, "Last-Event-ID") if header else query.afterSeq
+        return await self._stream(request, run, after, self._projection(query.projection))
 
     async def _stream(
         self,
@@ -275,7 +457,7 @@ class RunRoutes:
     async def cancel(self, request: web.Request) -> web.Response:
         if self.deps.auth.authorizing:
             await self._run(request, "runs:cancel")
-        run = await self.deps.runs.cancel(request.match_info["host_run_id"], request[ACTOR_ID])
+        run = await self.deps.runs.cancel(request.match_info["hostRunId"], request[ACTOR_ID])
         if run is None:
             raise ApiError(404, "run_not_found", "no such run")
         response = _receipt(run)
@@ -283,19 +465,16 @@ class RunRoutes:
         return response
 
     async def permission(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        option_id = body.get("optionId") if isinstance(body, dict) else None
-        if not isinstance(option_id, str) or not option_id or set(body) != {"optionId"}:
-            raise ApiError(400, "invalid_request", 'send {"optionId": "<one of the offered options>"}')
+        answer = await ANSWER_PERMISSION.read_body(request)
         if self.deps.auth.authorizing:
             await self._run(request, "runs:permission")
-        run = await self.deps.runs.resolve_permission(
-            request.match_info["host_run_id"], request[ACTOR_ID], request.match_info["request_id"], body["optionId"]
-        )
+        path = ANSWER_PERMISSION.parse_path(request)
+        actor_id = request[ACTOR_ID]
+        run = await self.deps.runs.resolve_permission(path.hostRunId, actor_id, path.requestId, answer.optionId)
         return _receipt(run)
 
     async def active_run(self, request: web.Request) -> web.Response:
-        session_id = request.match_info["session_id"]
+        session_id = request.match_info["sessionId"]
         if self.deps.auth.authorizing:
             await self.deps.auth.authorize(request, "sessions:read", {"type": "session", "id": session_id})
         run = await self.deps.runs.active_run(request[ACTOR_ID], session_id)
@@ -310,12 +489,14 @@ class RunRoutes:
 
 def setup(app: web.Application, deps: RunRoutesDeps) -> None:
     routes = RunRoutes(deps)
-    app.router.add_post(CREATE_RUN.path, routes.create)
-    app.router.add_get("/v1/runs/{host_run_id}", routes.get)
-    app.router.add_get("/v1/runs/{host_run_id}/events", routes.events)
-    app.router.add_get("/v1/runs/{host_run_id}/webhook", routes.webhook)
-    app.router.add_get("/v1/runs/{host_run_id}/stream", routes.stream)
-    app.router.add_post("/v1/runs/{host_run_id}/cancel", routes.cancel)
-    app.router.add_post("/v1/runs/{host_run_id}/permissions/{request_id}", routes.permission)
-    # Any one path segment: a sessionId may hold braces, which aiohttp's default variable refuses.
-    app.router.add_get("/v1/sessions/{session_id:[^/]+}/active-run", routes.active_run)
+    for route, handler in (
+        (CREATE_RUN, routes.create),
+        (GET_RUN, routes.get),
+        (RUN_EVENTS, routes.events),
+        (RUN_WEBHOOK, routes.webhook),
+        (STREAM_RUN, routes.stream),
+        (CANCEL_RUN, routes.cancel),
+        (ANSWER_PERMISSION, routes.permission),
+        (ACTIVE_RUN, routes.active_run),
+    ):
+        app.router.add_route(route.method, route.path, handler)

@@ -20,7 +20,7 @@ from agent_gateway.declare import declared_paths, merge_components
 from agent_gateway.descriptors import Descriptors, FieldSpec
 from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
-from agent_gateway.routes import runs, sessions
+from agent_gateway.routes import agents, preferences, receipts, runs, sessions, workspaces
 
 if TYPE_CHECKING:
     from agent_gateway.runs import RunManager
@@ -67,12 +67,18 @@ def preference_schema(spec: FieldSpec) -> dict[str, Any]:
 
 def core_spec() -> dict[str, Any]:
     """The core's document before any plugin: the declared routes' operations and schemas
-    (gateway/declare.py), and the rest still written by hand (openapi.json, the sessions module)."""
+    (gateway/declare.py), and the rest still written by hand (openapi.json)."""
     spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    # The sessions API keeps its OpenAPI block in its own module.
-    spec["paths"] = {**spec["paths"], **sessions.OPENAPI_PATHS}
-    spec["components"]["schemas"] = {**spec["components"]["schemas"], **sessions.OPENAPI_SCHEMAS}
-    paths, schemas = declared_paths(runs.DECLARED)
+    paths, schemas = declared_paths(
+        (
+            *runs.DECLARED,
+            *receipts.DECLARED,
+            *sessions.DECLARED,
+            *agents.DECLARED,
+            *preferences.DECLARED,
+            *workspaces.DECLARED,
+        )
+    )
     for path, item in paths.items():
         spec["paths"][path] = {**spec["paths"].get(path, {}), **item}
     merge_components(spec["components"]["schemas"], schemas, "the core's declared routes")
@@ -114,7 +120,6 @@ def setup(
 ) -> None:
     """``plugin_paths``, ``plugin_schemas``: the OpenAPI path items and component schemas plugins
     declare with their routes (live, read-only views: plugins add routes after the core's)."""
-    spec = core_spec()
     served: dict[str, bytes] = {}
 
     # One storage ping at a time: concurrent probes share it, so a hung database holds one worker.
@@ -165,6 +170,8 @@ def setup(
 
     async def openapi(request: web.Request) -> web.Response:
         if "body" not in served:  # built once: routes and registries are fixed once the app runs
+            # (on first request, not at start-up: the declared models build their schemas here)
+            spec = core_spec()
             served["body"] = json.dumps(await served_spec(sources, spec, plugin_paths, plugin_schemas)).encode()
         return web.Response(body=served["body"], content_type="application/json")
 

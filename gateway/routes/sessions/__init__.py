@@ -6,19 +6,20 @@ run listener: every status change updates the session's row, and a run's end sto
 (from the ``transcript`` projection) for counts and full-text search.
 
 The feature in parts: :mod:`.indexer` (the session index, a run listener), :mod:`.handlers` (the
-routes, input and cursor helpers), :mod:`.export` (the Markdown export), :mod:`.openapi` (the
-routes' OpenAPI declarations).
+routes, input and cursor helpers), :mod:`.export` (the Markdown export), :mod:`.declared` (the
+routes' declarations: path, query and body models, responses; ``/openapi.json`` lists them).
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
+from agent_gateway.routes.sessions import declared
+from agent_gateway.routes.sessions.declared import DECLARED
 from agent_gateway.routes.sessions.handlers import SessionRoutes
 from agent_gateway.routes.sessions.indexer import SessionIndexer, SessionsDeps, run_digest
-from agent_gateway.routes.sessions.openapi import OPENAPI_PATHS, OPENAPI_SCHEMAS
 
-__all__ = ["OPENAPI_PATHS", "OPENAPI_SCHEMAS", "SessionIndexer", "SessionRoutes", "SessionsDeps", "run_digest", "setup"]
+__all__ = ["DECLARED", "SessionIndexer", "SessionRoutes", "SessionsDeps", "run_digest", "setup"]
 
 
 def setup(app: web.Application, deps: SessionsDeps) -> None:
@@ -26,10 +27,13 @@ def setup(app: web.Application, deps: SessionsDeps) -> None:
     deps.runs.listeners.append(indexer.on_run)
     app.on_cleanup.append(indexer.stop)
     routes = SessionRoutes(deps, indexer)
-    app.router.add_get("/v1/sessions", routes.list)
-    app.router.add_post("/v1/sessions:delete", routes.bulk_delete)
-    app.router.add_get("/v1/sessions/{session_id}", routes.get)
-    app.router.add_patch("/v1/sessions/{session_id}", routes.patch)
-    app.router.add_delete("/v1/sessions/{session_id}", routes.delete)
-    app.router.add_get("/v1/sessions/{session_id}/export", routes.export)
-    app.router.add_delete("/v1/sessions/{session_id}/agent-session", routes.delete_agent_session)
+    for route, handler in (
+        (declared.LIST, routes.list),
+        (declared.BULK_DELETE, routes.bulk_delete),
+        (declared.GET, routes.get),
+        (declared.PATCH, routes.patch),
+        (declared.DELETE, routes.delete),
+        (declared.EXPORT, routes.export),
+        (declared.DELETE_AGENT_SESSION, routes.delete_agent_session),
+    ):
+        app.router.add_route(route.method, route.path, handler)

@@ -6,7 +6,6 @@ import base64
 import binascii
 import html
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,57 +13,21 @@ from aiohttp import web
 
 from agent_gateway.agent_sessions import NotDeclared, declares_delete, delete_agent_session
 from agent_gateway.auth import ACTOR_ID
-from agent_gateway.errors import ApiError, read_json
-from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES, Run, dumps
+from agent_gateway.declare import parse_model
+from agent_gateway.errors import ApiError
+from agent_gateway.models import ACTIVE_STATUSES, Run, dumps
+from agent_gateway.routes.sessions.declared import BULK_DELETE, EXPORT, LIST, PATCH, SessionPath
 from agent_gateway.routes.sessions.export import to_markdown
 from agent_gateway.routes.sessions.indexer import SessionIndexer, SessionsDeps
-from agent_gateway.runs import MAX_ID_LENGTH, VISIBLE
 from agent_gateway.transcript import project_transcript, run_transcript
 
-DEFAULT_LIMIT = 50
-MAX_LIMIT = 200
-MAX_QUERY = 500
-MAX_BULK = 100
 # Runs a session detail / export reads (oldest first).
 MAX_RUNS = 500
-STATUS_FILTERS = frozenset({"active", *ACTIVE_STATUSES, *TERMINAL_STATUSES})
-
-# The query parameters of `GET /v1/sessions` (its OpenAPI declaration lists the same).
-LIST_QUERY = frozenset({"q", "agentId", "status", "limit", "cursor"})
-
-# -- input ------------------------------------------------------------------------------------------
 
 
 def _session_id(request: web.Request) -> str:
-    return check_session_id(request.match_info["session_id"])
-
-
-def check_session_id(value: Any, name: str = "session id", code: str = "invalid_session_id") -> str:
-    """The rule runs use for their ids (``VISIBLE``: at least one visible character), plus what
-    no storage backend can hold (NUL, a lone surrogate)."""
-    if not isinstance(value, str) or not VISIBLE.search(value):
-        raise ApiError(400, code, f"a {name} must be a string with a visible character")
-    if len(value) > MAX_ID_LENGTH:
-        raise ApiError(400, code, f"a {name} must be at most {MAX_ID_LENGTH} characters")
-    if "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise ApiError(400, code, f"a {name} must not contain NUL or a lone surrogate")
-    return value
-
-
-# What encode_cursor writes: unpadded URL-safe base64.
-CURSOR_PATTERN = "^[A-Za-z0-9_-]{0,1000}$"  # empty: the first page
-CURSOR_SHAPE = re.compile(CURSOR_PATTERN)
-
-
-def _limit(request: web.Request) -> int:
-    raw = request.query.get("limit", str(DEFAULT_LIMIT))
-    try:
-        limit = int(raw)
-    except ValueError as exc:
-        raise ApiError(400, "invalid_limit", "limit must be an integer") from exc
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ApiError(400, "invalid_limit", f"limit must be 1..{MAX_LIMIT}")
-    return limit
+    """The path's sessionId (``400 invalid_session_id`` if no storage can hold it)."""
+    return parse_model(SessionPath, dict(request.match_info), "the path").sessionId
 
 
 def encode_cursor(value: list[Any]) -> str:
@@ -165,23 +128,9 @@ class SessionRoutes:
         return actor_id, session_id, row
 
     async def list(self, request: web.Request) -> web.Response:
-        unknown = set(request.query) - LIST_QUERY
-        if unknown:  # as a body's unknown fields: a misspelt filter must not silently list everything
-            raise ApiError(400, "invalid_request", f"unknown query parameter(s): {', '.join(sorted(unknown))[:200]}")
-        limit = _limit(request)
-        query = request.query.get("q", "").strip()
-        if len(query) > MAX_QUERY or "\x00" in query:
-            raise ApiError(400, "invalid_query", f"q must be at most {MAX_QUERY} characters, without NUL")
-        agent_id = request.query.get("agentId") or None  # a filter: any id, "" for none
-        if agent_id is not None and (len(agent_id) > MAX_ID_LENGTH or "\x00" in agent_id):
-            raise ApiError(400, "invalid_agent_id", f"agentId must be at most {MAX_ID_LENGTH} characters, without NUL")
-        status = request.query.get("status") or None
-        if status is not None and status not in STATUS_FILTERS:
-            raise ApiError(400, "invalid_status", "unknown status filter", known=sorted(STATUS_FILTERS))
+        asked = LIST.parse_query(request)
+        limit, query, agent_id, status, cursor = asked.limit, asked.q, asked.agentId, asked.status, asked.cursor
         statuses = sorted(ACTIVE_STATUSES) if status == "active" else ([status] if status else None)
-        cursor = request.query.get("cursor") or None
-        if cursor is not None and not CURSOR_SHAPE.fullmatch(cursor):
-            raise ApiError(400, "invalid_cursor", "cursor: not a cursor this API returned")
         if self.deps.auth.authorizing:  # the list as a whole: the caller's own sessions
             await self.deps.auth.authorize(
                 request, "sessions:read", {"type": "session", "id": None, "agentId": agent_id}
@@ -278,9 +227,7 @@ class SessionRoutes:
         )
 
     async def export(self, request: web.Request) -> web.Response:
-        fmt = request.query.get("format", "json")
-        if fmt not in ("json", "markdown"):
-            raise ApiError(400, "invalid_format", "format must be json or markdown")
+        fmt = EXPORT.parse_query(request).format
         actor_id, session_id, row = await self._row(request)
         detail = await self._detail(actor_id, session_id, row, events=fmt == "json")
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)[:80] or "session"
@@ -294,17 +241,8 @@ class SessionRoutes:
         return response
 
     async def patch(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        if not isinstance(body, dict) or not body:
-            raise ApiError(400, "invalid_request", 'send {"title": "...", "pinned": true|false}')
-        unknown = set(body) - {"title", "pinned"}
-        if unknown:
-            raise ApiError(400, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
-        title, pinned = body.get("title"), body.get("pinned")
-        if title is not None and (not isinstance(title, str) or len(title) > 200):
-            raise ApiError(400, "invalid_request", 'title must be a string of at most 200 characters ("": default)')
-        if pinned is not None and not isinstance(pinned, bool):
-            raise ApiError(400, "invalid_request", "pinned must be true or false")
+        body = await PATCH.read_body(request)
+        title, pinned = body.title, body.pinned
         actor_id, session_id, _row = await self._row(request, "sessions:write")
         await self._db(self.deps.storage.update_session_index, actor_id, session_id, title=title, pinned=pinned)
         row = await self._db(self.deps.storage.get_session_index, actor_id, session_id)
@@ -338,11 +276,7 @@ class SessionRoutes:
         return web.json_response({"schema": "gateway.sessions_deleted.v1", "deleted": [session_id], "notFound": []})
 
     async def bulk_delete(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        ids = body.get("sessionIds") if isinstance(body, dict) else None
-        if not isinstance(ids, list) or not ids or len(ids) > MAX_BULK or set(body) != {"sessionIds"}:
-            raise ApiError(400, "invalid_request", f'send {{"sessionIds": [...]}} with 1..{MAX_BULK} ids')
-        session_ids = list(dict.fromkeys(check_session_id(value) for value in ids))
+        session_ids = list(dict.fromkeys((await BULK_DELETE.read_body(request)).sessionIds))
         await self.indexer.settle()
         actor_id = request[ACTOR_ID]
         if self.deps.auth.authorizing:  # all or nothing: refuse before deleting any
