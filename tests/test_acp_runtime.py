@@ -384,7 +384,9 @@ async def test_key_change_closes_the_binding(make_gateway: MakeGateway, change: 
 
 
 async def test_idle_binding_evicted_after_idle_seconds(make_gateway: MakeGateway) -> None:
-    idle = 0.5
+    # Long enough that the binding is still there when the client has read the turn's end on a
+    # busy machine (at 0.5 s it was sometimes evicted before `binding_of` looked).
+    idle = 3.0
     client = await gateway_with(make_gateway, FakeAcpPlugin("basic", idle_seconds=idle))
     first, _ = await turn(client, "hello")
     binding = binding_of(client, "s1")

@@ -25,8 +25,10 @@ import agent_gateway.acp.runtime as acp_runtime
 from tests._harness import FAKE_ACP_AGENT, WAIT, MakeGateway, run_to_end
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# A descriptor that waited on the probe would take the probe's whole timeout (raised to WAIT here).
-FAST = 2.0
+# A descriptor that waited on the probe would take the probe's whole timeout (raised to 3 × WAIT
+# here, and the probe only ends when the test releases it): anything under WAIT did not wait. Not
+# a speed figure: a busy machine (two test workers and a CPU burner on two cores) took 2.3 s.
+FAST = WAIT
 
 
 def acp_agent(agent_id: str, table: dict[str, Any]) -> dict[str, dict[str, Any]]:
