@@ -172,6 +172,11 @@ async def test_readiness_skips_the_ping_while_the_journal_commits_and_pings_afte
     gw.journal.last_commit_at = 0.0  # as after a failed commit
     assert (await client.get("/v1/health")).status == 200
     assert len(pings) == 1
+    assert (await client.get("/v1/health")).status == 200
+    assert len(pings) == 1  # the ping just now vouches for storage as a commit does
+    gw.journal.commit_errors += 1  # a commit failed after that ping: it no longer vouches
+    assert (await client.get("/v1/health")).status == 200
+    assert len(pings) == 2
 
 
 async def test_a_reader_of_events_that_all_wait_for_storage_does_not_read_storage(make_gateway: MakeGateway) -> None:
