@@ -84,6 +84,8 @@ AIOHTTP_INTERNALS: tuple[tuple[type, tuple[str, ...]], ...] = (
             "_request_handler",
             "_loop",
             "_paused",
+            "_reading_paused",
+            "_buffer_paused",
             "finish_response",
             "handle_error",
         ),
@@ -139,7 +141,9 @@ class StreamOpenings:
     def __init__(self, per_turn: int = STREAM_OPENINGS_PER_TURN) -> None:
         self.per_turn = per_turn
         self._started = 0  # in the current turn
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Waiting streams, oldest first: a handler's future, or a connection's held request bytes
+        # (`later`: a callback feeding them to the parser, False if the connection is gone).
+        self._waiting: collections.deque[asyncio.Future[None] | Callable[[], bool]] = collections.deque()
         self._armed = False  # a call at the next turn is scheduled
 
     def may_start(self) -> bool:
@@ -157,6 +161,11 @@ class StreamOpenings:
         self._arm()
         await waiter
 
+    def later(self, start: Callable[[], bool]) -> None:
+        """Call `start` in a later turn (after the streams waiting before it), as one opening."""
+        self._waiting.append(start)
+        self._arm()
+
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
@@ -167,8 +176,11 @@ class StreamOpenings:
         self._started = 0
         while self._waiting and self._started < self.per_turn:
             waiter = self._waiting.popleft()
-            if not waiter.done():  # (cancelled: its request is gone)
-                waiter.set_result(None)
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():  # (cancelled: its request is gone)
+                    waiter.set_result(None)
+                    self._started += 1
+            elif waiter():
                 self._started += 1
         if self._waiting or self._started:
             self._arm()
@@ -182,6 +194,11 @@ class JsonErrorRequestHandler(RequestHandler):
     _header_deadline: asyncio.TimerHandle | None = None
     _over_capacity = False
     _watched_fd: int | None = None
+    # The server's `StreamOpenings` (set by `JsonErrorServer`); an event-stream request's bytes held
+    # until a later turn's opening; whether the request being parsed took this turn's opening.
+    _stream_openings: StreamOpenings | None = None
+    _held: bytearray | None = None
+    _admitted = False
     # Called when the client disconnects: a stream sets it to end at once, instead of at its next
     # heartbeat (so its connection stops counting against max_connections).
     on_connection_lost: Callable[[], None] | None = None
@@ -202,12 +219,58 @@ class JsonErrorRequestHandler(RequestHandler):
         self._start_header_deadline()  # a connection that never sends a request is dropped too
 
     def data_received(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:  # (reading is paused: what was already read)
+            held += data
+            return
         if self._header_deadline is None and not self._request_in_progress and not self._messages:
             self._start_header_deadline()  # the first byte of the next request
             waiting_requests().arrived(self)  # runtimes hold back their slices until it is answered
+        openings = self._stream_openings
+        if (
+            openings is not None
+            and b"text/event-stream" in data
+            and not self._request_in_progress
+            and not self._messages
+        ):
+            # An event-stream request: it counts against this turn's openings from its parse on,
+            # not from its handler two turns later. Streams whose requests arrive together (a
+            # burst of clients) are then parsed, dispatched and opened a few per turn, and a
+            # request arriving meanwhile (a health probe) waits for short turns only.
+            if not openings.may_start():
+                self._hold(openings, data)
+                return
+            self._admitted = True
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         super().data_received(data)
         if self._messages or self._request_in_progress or (self._waiter is not None and self._waiter.done()):
             self._cancel_header_deadline()  # a whole request head arrived
+
+    def _hold(self, openings: StreamOpenings, data: bytes) -> None:
+        """Keep an event-stream request's bytes until a later turn's opening (`StreamOpenings`);
+        reading pauses meanwhile, so a held request (and any body) holds what was read only."""
+        self._held = bytearray(data)
+        if b"\r\n\r\n" in data:
+            self._cancel_header_deadline()  # its head is here: the wait is the gateway's, not the client's
+        transport = self.transport
+        if transport is not None:
+            transport.pause_reading()  # type: ignore[attr-defined]
+        openings.later(self._release)
+
+    def _release(self) -> bool:
+        """Its turn: feed the held bytes to the parser (as one of the turn's openings); False if
+        the connection is gone."""
+        held, self._held = self._held, None
+        transport = self.transport
+        if held is None or transport is None or transport.is_closing():
+            return False
+        self._admitted = True
+        self._feed(bytes(held))
+        if not (self._reading_paused or self._buffer_paused):  # (aiohttp's flow control may hold it now)
+            transport.resume_reading()  # type: ignore[attr-defined]
+        return True
 
     async def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
@@ -288,12 +351,17 @@ class JsonErrorServer(web.Server):
         if self._handle_in_turn_bound is None:
             self._handle_in_turn_bound = self.handle_in_turn  # one bound method for every connection
         handler._request_handler = self._handle_in_turn_bound
+        handler._stream_openings = self.stream_openings
         return handler
 
     def handle_in_turn(self, request: BaseRequest) -> Awaitable[web.StreamResponse]:
         """The application's handler, called at once, except for an event stream beyond this
         loop turn's openings (`StreamOpenings`). A plain function: most requests get no
         coroutine frame of their own here."""
+        protocol = request.protocol
+        if isinstance(protocol, JsonErrorRequestHandler) and protocol._admitted:
+            protocol._admitted = False  # its opening was counted when its bytes were parsed
+            return self.request_handler(request)
         if "text/event-stream" not in request.headers.get(hdrs.ACCEPT, "") or self.stream_openings.may_start():
             return self.request_handler(request)
         return self._handle_later(request)
