@@ -93,6 +93,8 @@ AIOHTTP_INTERNALS: tuple[tuple[type, tuple[str, ...]], ...] = (
         ),
     ),
     (web.Server, ("_loop", "_kwargs", "request_handler")),  # what a request handler is made with, calls
+    # an event stream's headers wait for its first write (`agent_gateway.sse.EventStreamResponse`)
+    (web.StreamResponse, ("_send_headers_immediately",)),
     (web.BaseRunner, ("_make_server",)),  # overridden: our server class
     (web.BaseSite, ("_runner", "_ssl_context", "_backlog", "_server")),  # `GuardedTCPSite`
 )
