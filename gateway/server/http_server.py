@@ -19,7 +19,8 @@ once per failure, which at the fd limit grows into hundreds of thousands of line
 A burst of connections is spread over loop turns, so that the loop keeps turning (and a health
 probe keeps being answered) while 500 clients arrive at once: the accept loop takes at most
 ``ACCEPT_BATCH`` connections per turn, and at most ``STREAM_OPENINGS_PER_TURN`` requests asking
-for an event stream start their handling per turn (`StreamOpenings`), the rest in arrival order.
+for an event stream are parsed and handled per turn (`StreamOpenings`), the rest in arrival order:
+their bytes wait unparsed, reading paused, until their turn.
 """
 
 from __future__ import annotations
@@ -140,7 +141,12 @@ class StreamOpenings:
     response headers, the first write, the hand-off) costs a few hundred microseconds; 500 clients
     whose requests arrive together otherwise open in one turn and hold the loop for 100-400 ms,
     and every other request (a health probe) waits that long. Other requests never wait here:
-    they go ahead of the streams still waiting."""
+    they go ahead of the streams still waiting.
+
+    A connection whose bytes name `text/event-stream` is counted when they arrive
+    (`JsonErrorRequestHandler.data_received`): beyond the turn's openings they wait unparsed
+    (`later`), so parsing them, aiohttp's task per request and the route all come a few per turn;
+    a request whose head did not show it in one read waits in its handler (`wait_turn`)."""
 
     def __init__(self, per_turn: int = STREAM_OPENINGS_PER_TURN) -> None:
         self.per_turn = per_turn
