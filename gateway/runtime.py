@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from agent_gateway.journal import JournalFull
 from agent_gateway.models import TERMINAL_KINDS, Run
+from agent_gateway.server.fairness import WaitingRequests, waiting_requests, yield_slice
 from agent_gateway.telemetry import NO_TRACE, RunTrace
 
 if TYPE_CHECKING:
@@ -154,6 +155,13 @@ class Turn:
         self.trace: RunTrace = NO_TRACE
         self._text_parts: list[str] = []
         self.final_text: str | None = None
+        # The loop's requests waiting for their answer: `emit` gives way to them (None without a
+        # running loop, as in a test building a Turn).
+        self._requests: WaitingRequests | None
+        try:
+            self._requests = waiting_requests()
+        except RuntimeError:
+            self._requests = None
 
     # -- what the gateway lends the turn --------------------------------------------------------
 
@@ -257,9 +265,17 @@ class Turn:
         if emit_nowait is not None:
             try:
                 emit_nowait(kind, payload, source or self.run.agent_id)
-                return
             except JournalFull:
                 pass  # storage is behind: wait for room
+            else:
+                # A runtime emitting in a tight loop (nothing else suspends it) holds the loop for
+                # its whole slice: while a request that just arrived waits (a new run's stream
+                # being attached), give way to it as `WorkSlices` runtimes do, so it is answered
+                # in a few short loop turns instead of one slice of this run per turn.
+                requests = self._requests
+                if requests is not None and requests.holding():
+                    await yield_slice()
+                return
         await self._emit(kind, payload, source)
 
     def emit_nowait(self, kind: str, payload: dict[str, Any], source: str | None = None) -> bool:

@@ -59,6 +59,10 @@ class EventStreamResponse(web.StreamResponse):
     of the handler or the middleware (10,000 idle clients); once handed off from aiohttp, none of
     aiohttp's either."""
 
+    # The headers go out with the stream's first write (`RunStream.open`, in the same loop step as
+    # `prepare`), not alone: one send and one wake-up of the client instead of two.
+    _send_headers_immediately = False
+
     def __init__(
         self, *, status: int = 200, headers: Mapping[str, str] | None = None, send_timeout: float = SEND_TIMEOUT
     ) -> None:

@@ -39,15 +39,16 @@ async def runner() -> AsyncIterator[GatewayRunner]:
 
 async def test_every_aiohttp_internal_the_server_relies_on_exists(runner: GatewayRunner) -> None:
     """Looked up on live objects, as the server uses them: a request handler, the server, the
-    runner and a site."""
+    runner, a site and a response."""
     server = runner.server
     assert server is not None
     handler = server()
     site = GuardedTCPSite(runner, "127.0.0.1", 0)
-    missing = missing_aiohttp_internals(handler, server, runner, site)
+    response = web.StreamResponse()
+    missing = missing_aiohttp_internals(handler, server, runner, site, response)
     assert not missing, "\n".join(missing)
     checked = {cls for cls, _ in AIOHTTP_INTERNALS}
-    assert all(any(isinstance(obj, cls) for obj in (handler, server, runner, site)) for cls in checked)
+    assert all(any(isinstance(obj, cls) for obj in (handler, server, runner, site, response)) for cls in checked)
 
 
 def test_setup_cfg_pins_aiohttp_to_the_tested_series() -> None:

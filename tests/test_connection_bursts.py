@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
@@ -89,9 +89,45 @@ async def test_stream_openings_start_a_few_per_turn_in_arrival_order() -> None:
 async def test_event_streams_wait_their_turn_and_other_requests_go_ahead(
     site: tuple[GatewayRunner, GuardedTCPSite], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An event-stream request beyond this turn's openings waits; a plain request (and a stream
-    request that does not ask for text/event-stream) is answered meanwhile; the waiting stream is
-    answered once its turn comes."""
+    """An event-stream request beyond this turn's openings waits, its bytes held before they are
+    parsed; a plain request (and a stream request that does not ask for text/event-stream) is
+    answered meanwhile; the waiting stream is answered once its turn comes, and does not count
+    against the openings a second time."""
+    runner, tcp_site = site
+    server = runner.server
+    assert isinstance(server, JsonErrorServer)
+    waiting = asyncio.Event()
+    held_starts: list[Callable[[], bool]] = []
+
+    def later(start: Callable[[], bool]) -> None:
+        held_starts.append(start)
+        waiting.set()
+
+    async def no_second_wait() -> None:
+        raise AssertionError("a stream whose opening was counted at its parse waited again")
+
+    monkeypatch.setattr(server.stream_openings, "may_start", lambda: False)
+    monkeypatch.setattr(server.stream_openings, "later", later)
+    monkeypatch.setattr(server.stream_openings, "wait_turn", no_second_wait)
+    url = tcp_site.name
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
+        held = asyncio.create_task(http.get(url + "/stream", headers={"Accept": "text/event-stream"}))
+        await asyncio.wait_for(waiting.wait(), WAIT)
+        async with http.get(url + "/ping") as ping:
+            assert ping.status == 200 and await ping.json() == {"ok": True}
+        async with http.get(url + "/stream") as plain:
+            assert await plain.text() == "stream"
+        assert not held.done() and len(held_starts) == 1
+        assert held_starts[0]()  # its turn: the held bytes are parsed and handled
+        async with await asyncio.wait_for(held, WAIT) as response:
+            assert response.status == 200 and await response.text() == "stream"
+
+
+async def test_a_stream_request_whose_head_missed_the_parse_gate_waits_in_its_handler(
+    site: tuple[GatewayRunner, GuardedTCPSite], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose Accept header arrived split (no `text/event-stream` in any one read) is
+    not held before its parse; its handler waits for its turn instead."""
     runner, tcp_site = site
     server = runner.server
     assert isinstance(server, JsonErrorServer)
@@ -102,20 +138,29 @@ async def test_event_streams_wait_their_turn_and_other_requests_go_ahead(
         waiting.set()
         await turn_comes.wait()
 
+    reads = asyncio.Event()
+    data_received = JsonErrorRequestHandler.data_received
+
+    def reading(self: JsonErrorRequestHandler, data: bytes) -> None:
+        data_received(self, data)
+        reads.set()
+
+    monkeypatch.setattr(JsonErrorRequestHandler, "data_received", reading)
     monkeypatch.setattr(server.stream_openings, "may_start", lambda: False)
     monkeypatch.setattr(server.stream_openings, "wait_turn", wait_turn)
-    url = tcp_site.name
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
-        held = asyncio.create_task(http.get(url + "/stream", headers={"Accept": "text/event-stream"}))
+    reader, writer = await asyncio.open_connection(*tcp_site.name.rsplit("/", 1)[-1].rsplit(":", 1))
+    try:
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-")
+        await writer.drain()
+        await asyncio.wait_for(reads.wait(), WAIT)  # the server read the first part on its own
+        writer.write(b"stream\r\nConnection: close\r\n\r\n")
+        await writer.drain()
         await asyncio.wait_for(waiting.wait(), WAIT)
-        async with http.get(url + "/ping") as ping:
-            assert ping.status == 200 and await ping.json() == {"ok": True}
-        async with http.get(url + "/stream") as plain:
-            assert await plain.text() == "stream"
-        assert not held.done()
         turn_comes.set()
-        async with await asyncio.wait_for(held, WAIT) as response:
-            assert response.status == 200 and await response.text() == "stream"
+        answer = await asyncio.wait_for(reader.read(), WAIT)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"stream")
+    finally:
+        writer.close()
 
 
 async def test_a_burst_of_connections_is_accepted_a_few_per_turn(

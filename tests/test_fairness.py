@@ -31,8 +31,9 @@ import pytest
 from aiohttp import web
 
 from agent_gateway.config import Config
-from agent_gateway.models import TERMINAL_KINDS
+from agent_gateway.models import TERMINAL_KINDS, Run
 from agent_gateway.plugins.chat_only import runtime as chat_only_runtime
+from agent_gateway.runtime import Turn
 from agent_gateway.server import fairness
 from agent_gateway.server.http_server import GatewayRunner, GuardedTCPSite
 from agent_gateway.server.loop_monitor import BUCKETS, LoopLagMonitor
@@ -172,6 +173,11 @@ async def test_readiness_skips_the_ping_while_the_journal_commits_and_pings_afte
     gw.journal.last_commit_at = 0.0  # as after a failed commit
     assert (await client.get("/v1/health")).status == 200
     assert len(pings) == 1
+    assert (await client.get("/v1/health")).status == 200
+    assert len(pings) == 1  # the ping just now vouches for storage as a commit does
+    gw.journal.commit_errors += 1  # a commit failed after that ping: it no longer vouches
+    assert (await client.get("/v1/health")).status == 200
+    assert len(pings) == 2
 
 
 async def test_a_reader_of_events_that_all_wait_for_storage_does_not_read_storage(make_gateway: MakeGateway) -> None:
@@ -253,6 +259,40 @@ async def test_yield_slice_waits_while_a_request_that_just_arrived_is_unanswered
     assert len(requests) == 0
     # Nothing waiting: one loop turn.
     await asyncio.wait_for(fairness.yield_slice(), WAIT)
+
+
+async def test_emit_appends_at_once_and_gives_way_while_a_request_that_just_arrived_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runtime emitting in a tight loop (nothing else suspends it) pauses in `emit`, its event
+    appended, while a request waits for its answer; with none waiting, `emit` does not suspend."""
+    monkeypatch.setattr(fairness, "PRIORITY_SECONDS", WAIT)  # a loaded machine's turns must not end the pause
+    requests = fairness.waiting_requests()
+    monkeypatch.setattr(requests, "pause_budget", lambda: WAIT)
+    appended: list[str] = []
+
+    async def unused(*_args: Any) -> None:
+        raise AssertionError("not called while the journal has room")
+
+    turn = Turn(
+        Run("run_give_way", "req", "agent", "bench", "s", "actor", "default"),
+        unused,
+        [],
+        {},
+        unused,
+        unused,
+        emit_nowait=lambda kind, payload, source: appended.append(payload["text"]),
+    )
+    with pytest.raises(StopIteration):  # nothing waits: emit returns in its first step
+        turn.emit("message.delta", {"text": "a"}).send(None)
+    connection = object()
+    requests.arrived(connection)
+    emitting = asyncio.create_task(turn.emit("message.delta", {"text": "b"}))
+    for _ in range(50):  # many loop turns: the runtime stays paused while the request waits
+        await asyncio.sleep(0)
+    assert appended == ["a", "b"] and not emitting.done()
+    requests.answered(connection)
+    await asyncio.wait_for(emitting, WAIT)
 
 
 async def test_a_request_holds_slices_back_for_priority_seconds_at_most(monkeypatch: pytest.MonkeyPatch) -> None:

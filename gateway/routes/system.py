@@ -49,7 +49,8 @@ OPENAPI_PATH = Path(__file__).resolve().parent.parent / "openapi.json"
 HEALTH_PING_TIMEOUT_S = 3.0
 
 log = logging.getLogger("agent_gateway.health")
-# A journal commit this recent answers a readiness probe without a ping of its own.
+# A journal commit (or a successful ping) this recent answers a readiness probe without a ping of
+# its own.
 COMMIT_VOUCHES_S = 1.0
 
 
@@ -124,15 +125,25 @@ def setup(
 
     # One storage ping at a time: concurrent probes share it, so a hung database holds one worker.
     ping_in_flight: asyncio.Future[None] | None = None
+    # When the last successful ping started, and the journal's failed commits then: it vouches for
+    # storage as a commit does, until a commit fails after it.
+    pinged_at = 0.0
+    pinged_errors = -1
 
     async def storage_up() -> bool:
-        nonlocal ping_in_flight
+        nonlocal ping_in_flight, pinged_at, pinged_errors
         ping = getattr(sources.storage, "ping", None)
         if ping is None:  # a storage plugin without ping: nothing to ask
             return True
-        if time.monotonic() - sources.journal.last_commit_at < COMMIT_VOUCHES_S:
+        now = time.monotonic()
+        if now - sources.journal.last_commit_at < COMMIT_VOUCHES_S:
             # The journal just committed: storage answered. A ping would queue behind its
             # commits and make the probe as slow as the busiest run.
+            return True
+        errors = sources.journal.commit_errors
+        if now - pinged_at < COMMIT_VOUCHES_S and errors == pinged_errors:
+            # A ping just answered: probes every few ms (a burst of clients arriving while no run
+            # commits) are answered on the loop, not each after a worker trip.
             return True
         if ping_in_flight is None or ping_in_flight.done():
             ping_in_flight = asyncio.get_running_loop().run_in_executor(sources.executor, ping)
@@ -143,6 +154,7 @@ def setup(
         except Exception as exc:  # StorageUnavailable, a timeout, or the driver's own error
             log.warning("health: storage is down: %s", str(exc).strip() or type(exc).__name__)
             return False
+        pinged_at, pinged_errors = now, errors
         return True
 
     async def health(request: web.Request) -> web.Response:

@@ -102,6 +102,11 @@ class WaitingRequests:
             return _epoll_wait_keeping_gil(arrivals.fileno(), _EPOLL_EVENT, 1, 0) > 0
         return bool(arrivals.poll(0, 1))
 
+    def holding(self) -> bool:
+        """Whether a request that arrived within PRIORITY_SECONDS waits for its answer, so a
+        runtime's work should give way (`yield_slice`) now. One dict check while none waits."""
+        return bool(self._since) and self.time_left() > 0
+
     def pause_budget(self) -> float:
         """Seconds of pause the runtimes may take now (see PAUSE_SHARE)."""
         now = time.monotonic()

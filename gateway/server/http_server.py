@@ -19,7 +19,8 @@ once per failure, which at the fd limit grows into hundreds of thousands of line
 A burst of connections is spread over loop turns, so that the loop keeps turning (and a health
 probe keeps being answered) while 500 clients arrive at once: the accept loop takes at most
 ``ACCEPT_BATCH`` connections per turn, and at most ``STREAM_OPENINGS_PER_TURN`` requests asking
-for an event stream start their handling per turn (`StreamOpenings`), the rest in arrival order.
+for an event stream are parsed and handled per turn (`StreamOpenings`), the rest in arrival order:
+their bytes wait unparsed, reading paused, until their turn.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ log = logging.getLogger("agent_gateway.http")
 # in a burst of 500 clients: the rest see their handshake dropped and retry after a second, then
 # send their requests all at once.
 LISTEN_BACKLOG = 1024
-# Event streams whose handling starts per loop turn, at most (`StreamOpenings`).
-STREAM_OPENINGS_PER_TURN = 8
+# Event streams whose handling starts per loop turn, at most (`StreamOpenings`). With ACCEPT_BATCH,
+# 4 rather than 8 halved the longest turn of a 500-client burst (about 2.5 ms of CPU instead of
+# 4-5) for about a tenth more time to open them all: a health probe waits a few turns.
+STREAM_OPENINGS_PER_TURN = 4
 
 # accept() failing for want of resources: wait and retry (the waiting clients stay in the backlog).
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -64,7 +67,7 @@ ACCEPT_ERROR_LOG_INTERVAL = 10.0
 # later step of their setup (transport, request parse, handler, headers) then ran for all of them
 # in one turn too: a 100-400 ms stall. A turn in between every few accepts spreads the burst over
 # many short turns; the rest waits in the kernel's backlog.
-ACCEPT_BATCH = 8
+ACCEPT_BATCH = 4
 
 # aiohttp's internals this module reads, sets or overrides: there is no public way to do what it
 # does with them. setup.cfg pins aiohttp to AIOHTTP_TESTED, the series they were checked on;
@@ -84,11 +87,15 @@ AIOHTTP_INTERNALS: tuple[tuple[type, tuple[str, ...]], ...] = (
             "_request_handler",
             "_loop",
             "_paused",
+            "_reading_paused",
+            "_buffer_paused",
             "finish_response",
             "handle_error",
         ),
     ),
     (web.Server, ("_loop", "_kwargs", "request_handler")),  # what a request handler is made with, calls
+    # an event stream's headers wait for its first write (`agent_gateway.sse.EventStreamResponse`)
+    (web.StreamResponse, ("_send_headers_immediately",)),
     (web.BaseRunner, ("_make_server",)),  # overridden: our server class
     (web.BaseSite, ("_runner", "_ssl_context", "_backlog", "_server")),  # `GuardedTCPSite`
 )
@@ -134,12 +141,19 @@ class StreamOpenings:
     response headers, the first write, the hand-off) costs a few hundred microseconds; 500 clients
     whose requests arrive together otherwise open in one turn and hold the loop for 100-400 ms,
     and every other request (a health probe) waits that long. Other requests never wait here:
-    they go ahead of the streams still waiting."""
+    they go ahead of the streams still waiting.
+
+    A connection whose bytes name `text/event-stream` is counted when they arrive
+    (`JsonErrorRequestHandler.data_received`): beyond the turn's openings they wait unparsed
+    (`later`), so parsing them, aiohttp's task per request and the route all come a few per turn;
+    a request whose head did not show it in one read waits in its handler (`wait_turn`)."""
 
     def __init__(self, per_turn: int = STREAM_OPENINGS_PER_TURN) -> None:
         self.per_turn = per_turn
         self._started = 0  # in the current turn
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Waiting streams, oldest first: a handler's future, or a connection's held request bytes
+        # (`later`: a callback feeding them to the parser, False if the connection is gone).
+        self._waiting: collections.deque[asyncio.Future[None] | Callable[[], bool]] = collections.deque()
         self._armed = False  # a call at the next turn is scheduled
 
     def may_start(self) -> bool:
@@ -157,6 +171,11 @@ class StreamOpenings:
         self._arm()
         await waiter
 
+    def later(self, start: Callable[[], bool]) -> None:
+        """Call `start` in a later turn (after the streams waiting before it), as one opening."""
+        self._waiting.append(start)
+        self._arm()
+
     def _arm(self) -> None:
         if not self._armed:
             self._armed = True
@@ -167,8 +186,11 @@ class StreamOpenings:
         self._started = 0
         while self._waiting and self._started < self.per_turn:
             waiter = self._waiting.popleft()
-            if not waiter.done():  # (cancelled: its request is gone)
-                waiter.set_result(None)
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():  # (cancelled: its request is gone)
+                    waiter.set_result(None)
+                    self._started += 1
+            elif waiter():
                 self._started += 1
         if self._waiting or self._started:
             self._arm()
@@ -182,6 +204,11 @@ class JsonErrorRequestHandler(RequestHandler):
     _header_deadline: asyncio.TimerHandle | None = None
     _over_capacity = False
     _watched_fd: int | None = None
+    # The server's `StreamOpenings` (set by `JsonErrorServer`); an event-stream request's bytes held
+    # until a later turn's opening; whether the request being parsed took this turn's opening.
+    _stream_openings: StreamOpenings | None = None
+    _held: bytearray | None = None
+    _admitted = False
     # Called when the client disconnects: a stream sets it to end at once, instead of at its next
     # heartbeat (so its connection stops counting against max_connections).
     on_connection_lost: Callable[[], None] | None = None
@@ -202,12 +229,58 @@ class JsonErrorRequestHandler(RequestHandler):
         self._start_header_deadline()  # a connection that never sends a request is dropped too
 
     def data_received(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:  # (reading is paused: what was already read)
+            held += data
+            return
         if self._header_deadline is None and not self._request_in_progress and not self._messages:
             self._start_header_deadline()  # the first byte of the next request
             waiting_requests().arrived(self)  # runtimes hold back their slices until it is answered
+        openings = self._stream_openings
+        if (
+            openings is not None
+            and b"text/event-stream" in data
+            and not self._request_in_progress
+            and not self._messages
+        ):
+            # An event-stream request: it counts against this turn's openings from its parse on,
+            # not from its handler two turns later. Streams whose requests arrive together (a
+            # burst of clients) are then parsed, dispatched and opened a few per turn, and a
+            # request arriving meanwhile (a health probe) waits for short turns only.
+            if not openings.may_start():
+                self._hold(openings, data)
+                return
+            self._admitted = True
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         super().data_received(data)
         if self._messages or self._request_in_progress or (self._waiter is not None and self._waiter.done()):
             self._cancel_header_deadline()  # a whole request head arrived
+
+    def _hold(self, openings: StreamOpenings, data: bytes) -> None:
+        """Keep an event-stream request's bytes until a later turn's opening (`StreamOpenings`);
+        reading pauses meanwhile, so a held request (and any body) holds what was read only."""
+        self._held = bytearray(data)
+        if b"\r\n\r\n" in data:
+            self._cancel_header_deadline()  # its head is here: the wait is the gateway's, not the client's
+        transport = self.transport
+        if transport is not None:
+            transport.pause_reading()  # type: ignore[attr-defined]
+        openings.later(self._release)
+
+    def _release(self) -> bool:
+        """Its turn: feed the held bytes to the parser (as one of the turn's openings); False if
+        the connection is gone."""
+        held, self._held = self._held, None
+        transport = self.transport
+        if held is None or transport is None or transport.is_closing():
+            return False
+        self._admitted = True
+        self._feed(bytes(held))
+        if not (self._reading_paused or self._buffer_paused):  # (aiohttp's flow control may hold it now)
+            transport.resume_reading()  # type: ignore[attr-defined]
+        return True
 
     async def finish_response(
         self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
@@ -288,12 +361,17 @@ class JsonErrorServer(web.Server):
         if self._handle_in_turn_bound is None:
             self._handle_in_turn_bound = self.handle_in_turn  # one bound method for every connection
         handler._request_handler = self._handle_in_turn_bound
+        handler._stream_openings = self.stream_openings
         return handler
 
     def handle_in_turn(self, request: BaseRequest) -> Awaitable[web.StreamResponse]:
         """The application's handler, called at once, except for an event stream beyond this
         loop turn's openings (`StreamOpenings`). A plain function: most requests get no
         coroutine frame of their own here."""
+        protocol = request.protocol
+        if isinstance(protocol, JsonErrorRequestHandler) and protocol._admitted:
+            protocol._admitted = False  # its opening was counted when its bytes were parsed
+            return self.request_handler(request)
         if "text/event-stream" not in request.headers.get(hdrs.ACCEPT, "") or self.stream_openings.may_start():
             return self.request_handler(request)
         return self._handle_later(request)
@@ -564,6 +642,22 @@ class GuardedTCPSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         factory: Callable[[], asyncio.BaseProtocol] = server
+        # asyncio's selector loops make a socket's transport with this (not public; another loop
+        # goes through `connect_accepted_socket`).
+        make_transport = getattr(loop, "_make_socket_transport", None)
+        if self._ssl_context is None and make_transport is not None:
+            # The transport made here, as `connect_accepted_socket` makes it, without its task:
+            # the connection's protocol hears of it a loop turn sooner (a new client's request
+            # waited 0.2 ms less while the journal's writer took the other core), and a burst of
+            # connections makes no task each.
+            try:
+                conn.setblocking(False)
+                make_transport(conn, factory())
+            except Exception:
+                log.exception("could not set up an accepted connection")
+                with contextlib.suppress(OSError):
+                    conn.close()
+            return
         if self._ssl_context is None:
             connecting: Awaitable[Any] = loop.connect_accepted_socket(factory, conn)
         else:
