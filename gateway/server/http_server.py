@@ -642,22 +642,6 @@ class GuardedTCPSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         factory: Callable[[], asyncio.BaseProtocol] = server
-        # asyncio's selector loops make a socket's transport with this (not public; another loop
-        # goes through `connect_accepted_socket`).
-        make_transport = getattr(loop, "_make_socket_transport", None)
-        if self._ssl_context is None and make_transport is not None:
-            # The transport made here, as `connect_accepted_socket` makes it, without its task:
-            # the connection's protocol hears of it a loop turn sooner (a new client's request
-            # waited 0.2 ms less while the journal's writer took the other core), and a burst of
-            # connections makes no task each.
-            try:
-                conn.setblocking(False)
-                make_transport(conn, factory())
-            except Exception:
-                log.exception("could not set up an accepted connection")
-                with contextlib.suppress(OSError):
-                    conn.close()
-            return
         if self._ssl_context is None:
             connecting: Awaitable[Any] = loop.connect_accepted_socket(factory, conn)
         else:
