@@ -3,7 +3,8 @@ byte the frames the generic path builds (a dict through orjson, as every other e
 for hostile text (quotes, backslashes, control characters, U+2028, emoji, ``%`` in the text and in
 the run id), in any batching, with merged, replayed and resumed deltas. And an idle encoded
 stream (chat completions, Responses) is written to from the journal's publish itself, as the
-native stream is, not a loop turn later from its writer task.
+native stream is, not a loop turn later from its writer task; an encoder error there drops that
+stream (never buffering a half-encoded batch) and the run goes on.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import re
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
@@ -191,3 +193,52 @@ async def test_an_idle_encoded_stream_is_written_from_publish(
         cancelled = await client.post(f"/v1/runs/{run_id}/cancel", json={})  # (the fake model hangs)
         assert cancelled.status < 300, await cancelled.text()
         response.close()
+
+
+async def test_an_encoder_error_in_a_direct_write_ends_that_stream_not_the_run(
+    make_gateway: MakeGateway, fake_llm: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    encode = ResponseStream.encode
+
+    def failing(self: ResponseStream, events: list[Event]) -> bytes:
+        if any(event.payload.get("text") == "boom" for event in events):
+            raise RuntimeError("an encoder bug")
+        return encode(self, events)
+
+    monkeypatch.setattr(ResponseStream, "encode", failing)
+    fake_llm.add(Reply(text="first", hang=True))
+    client = await make_gateway()
+    gateway = gateway_of(client)
+    body = {"model": "chat-only", "input": "hi", "stream": True}
+    async with asyncio.timeout(WAIT):
+        response = await client.post("/v1/responses", json=body)
+        assert response.status == 200, await response.text()
+        seen = b""
+        for _ in range(1000):  # (chunks of the stream: bounded by WAIT too)
+            if b"first" in seen:
+                break
+            seen += await response.content.readany()
+        found = re.search(rb'"resp_(run_[0-9a-f]+)"', seen)
+        assert found is not None, seen
+        run_id = found[1].decode()
+        subscribers = gateway.bus._subscribers[run_id]
+        assert await _eventually(lambda: all(sub.write_directly is not None for sub in subscribers))
+        gateway.journal.append_nowait(run_id, "message.delta", {"text": "boom"}, "agent")
+        gateway.journal.publish()  # raises nothing: the run goes on
+        # The stream is dropped, its half-encoded batch never buffered for a second encoding.
+        for _ in range(1000):
+            try:
+                chunk = await response.content.readany()
+            except aiohttp.ClientPayloadError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert b"boom" not in seen
+        assert "unhandled error on the stream of " + run_id in caplog.text
+        assert "buffering instead" not in caplog.text  # (its writer would encode the batch again)
+        assert await _eventually(lambda: not gateway.bus.subscriber_count(run_id))
+        after = gateway.journal.append_nowait(run_id, "message.delta", {"text": "after"}, "agent")
+        assert after is not None  # the run still takes events
+        cancelled = await client.post(f"/v1/runs/{run_id}/cancel", json={})
+        assert cancelled.status < 300, await cancelled.text()
