@@ -270,7 +270,9 @@ class PluginRoutes:
         with no gap or duplicate, heartbeats, the slow-client cut-off, the end after the terminal
         event. Each batch of events (in seq order, each event once) is written as
         ``encode(events)``: complete SSE frames, so ``encode`` may keep state across batches of one
-        stream (a protocol whose frames depend on what came before). ``prelude`` (complete frames)
+        stream (a protocol whose frames depend on what came before). It runs on the event loop,
+        for a stream waiting for the run's next events inside the publish of the batch: keep it
+        quick, never blocking; an exception from it ends the stream. ``prelude`` (complete frames)
         is written as the stream opens, before any event; ``headers`` are added to the response.
         A client that falls behind its buffer gets text deltas merged (``mergedFrom``,
         ``mergedCount``); with ``merge_deltas=False`` it is replayed from the journal instead, so

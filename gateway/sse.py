@@ -323,11 +323,9 @@ class RunStream:
         transport = self._transport = request.transport
         self._high_water = transport.get_write_buffer_limits()[1] if transport is not None else 0
         self._chunked = False  # known once the response is prepared
-        # Writing from `publish` bypasses the response's writer: only for plain (unprojected,
-        # uncompressed) streams.
-        self._can_write_directly = (
-            project is None and encode is None and transport is not None and not response.compression
-        )
+        # Writing from `publish` bypasses the response's writer: only for uncompressed streams
+        # that are unprojected (an encoder, which sees each event once either way, may write).
+        self._can_write_directly = project is None and transport is not None and not response.compression
         self._beat = False  # a heartbeat period went by
         self._last = after_seq  # the seq of the last event the client was sent
         self._replaying = True  # reading the journal page by page, until a page comes back short
@@ -656,8 +654,23 @@ class RunStream:
             return False
         if transport.get_write_buffer_size():
             return False  # the client is not keeping up: buffer (merge, replay) as usual
-        blob = frames if frames is not None else encode_events(events)
-        transport.write(self._framed(blob))
+        encode = self._encode
+        if encode is None:
+            blob = frames if frames is not None else encode_events(events)
+        else:
+            try:
+                blob = encode(events)
+            except Exception:
+                # The encoder has seen part of the batch: buffering it would encode that part
+                # twice. End the stream as the writer does on an encoder error.
+                log.exception("unhandled error on the stream of %s", self.topic)
+                self._abort()
+                self._finished = True
+                self._subscriber.write_directly = None
+                self._wakeup.set()
+                return True
+        if blob:  # (an encoder may have nothing to send; an empty chunk would end the body)
+            transport.write(self._framed(blob))
         self._stats.delivered += len(events)
         if self._unanswered is not None:
             self._answered()

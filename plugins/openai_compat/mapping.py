@@ -520,55 +520,72 @@ class ResponseStream:
     def encode(self, events: list[Event]) -> bytes:
         """The SSE bytes of a batch (``event: <type>`` + ``data: <json>`` frames)."""
         out: list[bytes] = []
-        to_json, keep = orjson.dumps, self._message_parts.append
+        append, to_json, keep = out.append, orjson.dumps, self._message_parts.append
+        # The hot path keeps its state in locals: `number` is written back before any other
+        # branch (they number their frames through `_emit`) and read again after it.
+        number, starting_after, cut_texts = self.number, self.starting_after, self.cut_texts
+        frame = self._delta_frame if self._message is not None else None
         for event in events:
             kind = event.kind
             if kind == "message.delta" and event.source != REPLAY_SOURCE:  # the hot path
-                if self._message is None:
+                if frame is None:
+                    self.number = number
                     self._open_message(out)
+                    number, frame = self.number, self._delta_frame
                 payload = event.payload
-                text = _text(payload)
+                text = payload.get("text")
+                if not isinstance(text, str):
+                    text = ""
                 keep(text)
-                self.number += _span(payload)
-                if self.number > self.starting_after:
-                    sent = self.cut_texts.pop(event.seq, text)  # what a resumed client lacks of it
-                    out.append(self._delta_frame % (to_json(sent), self.number))
+                number += _span(payload) if "mergedCount" in payload else 1
+                if number > starting_after:
+                    if cut_texts:
+                        text = cut_texts.pop(event.seq, text)  # what a resumed client lacks of it
+                    append(frame % (to_json(text), number))
                 continue
             if event.source == REPLAY_SOURCE:
                 continue
-            if kind == "thought.delta":
-                if not self.reasoning:
-                    continue
-                if self._reasoning is None:
-                    self._open_reasoning(out)
-                text = _text(event.payload)
-                self._reasoning_parts.append(text)
-                self.number += _span(event.payload) - 1  # `_emit` counts the last seq it covers
-                sent = self.cut_texts.pop(event.seq, text) if self.number + 1 > self.starting_after else text
-                fields = self._at(self._reasoning, delta=sent)  # type: ignore[arg-type]
-                self._emit(out, "response.reasoning_text.delta", fields)
-            elif kind in TOOL_KINDS:
-                self._tool(out, event)
-            elif kind == CLIENT_TOOL_CALL:
-                self._client_call(out, event)
-            elif kind == "message.completed":
-                final = event.payload.get("text")
-                if isinstance(final, str):
-                    self._final_text = final
-            elif kind == "session.info.updated":
-                mode = event.payload.get("sessionMode")
-                self.session_mode = mode if isinstance(mode, str) else self.session_mode
-            elif kind == "usage.updated":
-                self.usage.add(event.payload)
-            elif kind == "run.created":
-                self.status = "queued"
-                self._emit(out, "response.created", {"response": self.response()})
-            elif kind == "run.started":
-                self.status = "in_progress"
-                self._emit(out, "response.in_progress", {"response": self.response()})
-            elif kind in TERMINAL_STATUS:
-                self._end(out, event)
+            self.number = number
+            self._encode_other(out, kind, event)
+            number = self.number
+            frame = self._delta_frame if self._message is not None else None
+        self.number = number
         return b"".join(out)
+
+    def _encode_other(self, out: list[bytes], kind: str, event: Event) -> None:
+        """The frames of any event but a text delta (`encode` has that hot path)."""
+        if kind == "thought.delta":
+            if not self.reasoning:
+                return
+            if self._reasoning is None:
+                self._open_reasoning(out)
+            text = _text(event.payload)
+            self._reasoning_parts.append(text)
+            self.number += _span(event.payload) - 1  # `_emit` counts the last seq it covers
+            sent = self.cut_texts.pop(event.seq, text) if self.number + 1 > self.starting_after else text
+            fields = self._at(self._reasoning, delta=sent)  # type: ignore[arg-type]
+            self._emit(out, "response.reasoning_text.delta", fields)
+        elif kind in TOOL_KINDS:
+            self._tool(out, event)
+        elif kind == CLIENT_TOOL_CALL:
+            self._client_call(out, event)
+        elif kind == "message.completed":
+            final = event.payload.get("text")
+            if isinstance(final, str):
+                self._final_text = final
+        elif kind == "session.info.updated":
+            mode = event.payload.get("sessionMode")
+            self.session_mode = mode if isinstance(mode, str) else self.session_mode
+        elif kind == "usage.updated":
+            self.usage.add(event.payload)
+        elif kind == "run.created":
+            self.status = "queued"
+            self._emit(out, "response.created", {"response": self.response()})
+        elif kind == "run.started":
+            self.status = "in_progress"
+            self._emit(out, "response.in_progress", {"response": self.response()})
+        elif kind in TERMINAL_STATUS:
+            self._end(out, event)
 
     def _end(self, out: list[bytes], event: Event) -> None:
         self._close_reasoning(out)
