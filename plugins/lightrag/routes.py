@@ -61,6 +61,30 @@ DELETE_SCHEMA = {
 }
 
 
+# No file system the gateway runs on has a longer name or path (NAME_MAX, PATH_MAX).
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+def _no_such_file(path: Any) -> bool:
+    """``path`` names a name or path too long to exist: not found (404), though the path checks
+    would call it a refused spelling, which openapi.json cannot state (it counts characters)."""
+    if not isinstance(path, str):
+        return False
+    size = len(path.encode("utf-8", "surrogatepass"))
+    return size > MAX_PATH_BYTES or any(
+        len(n.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for n in path.split("/")
+    )
+
+
+def _integral(args: dict[str, Any], key: str) -> None:
+    """JSON does not tell 7.0 from 7, nor does JSON Schema's "integer": take an integral number as
+    the integer it is (the tool schema's check would call 7.0 a number)."""
+    value = args.get(key)
+    if isinstance(value, float) and value.is_integer():
+        args[key] = int(value)
+
+
 def _api_error(exc: ToolError) -> ApiError:
     return ApiError(HTTP_STATUS.get(exc.code, 400), exc.code, exc.message)
 
@@ -86,6 +110,7 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
             raise ApiError(400, "invalid_request", "the body must be a JSON object")
         where = where_of(request, body)
         args = {k: v for k, v in body.items() if k not in WHERE_KEYS}
+        _integral(args, "topK")
         if schema is not None:
             try:
                 validate_schema(args, schema, "body")
@@ -129,6 +154,8 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
 
     async def add_document(request: web.Request) -> web.Response:
         where, args = await body_of(request, ADD_SCHEMA)
+        if _no_such_file(args.get("path")):
+            raise ApiError(404, "not_found", "no such file: a name or the path is too long to exist")
         try:
             result = await service.add_document(
                 where, path=args.get("path"), text=args.get("text"), name=args.get("name")
