@@ -61,19 +61,22 @@ DELETE_SCHEMA = {
 }
 
 
-# No file system the gateway runs on has a longer name or path (NAME_MAX, PATH_MAX).
+# No file system the gateway runs on has a longer name, or a longer path with its NUL (NAME_MAX,
+# PATH_MAX).
 MAX_NAME_BYTES = 255
 MAX_PATH_BYTES = 4096
 
 
-def _no_such_file(path: Any) -> bool:
-    """``path`` names a name or path too long to exist: not found (404), though the path checks
-    would call it a refused spelling, which openapi.json cannot state (it counts characters)."""
-    if not isinstance(path, str):
+def _no_such_file(path: Any, workspace_root: Path | None) -> bool:
+    """``path`` (in the workspace directory) is a name or path too long to exist: not found
+    (404), though the path checks call it a refused spelling, which openapi.json cannot state
+    (it counts characters, not bytes, and does not know the workspace directory)."""
+    if not isinstance(path, str) or workspace_root is None:
         return False
-    size = len(path.encode("utf-8", "surrogatepass"))
-    return size > MAX_PATH_BYTES or any(
-        len(n.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for n in path.split("/")
+    full = path if path.startswith("/") else f"{workspace_root}/{path}"
+    size = len(full.encode("utf-8", "surrogatepass"))
+    return size >= MAX_PATH_BYTES or any(
+        len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for name in path.split("/")
     )
 
 
@@ -154,7 +157,7 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
 
     async def add_document(request: web.Request) -> web.Response:
         where, args = await body_of(request, ADD_SCHEMA)
-        if _no_such_file(args.get("path")):
+        if _no_such_file(args.get("path"), where.workspace_root):
             raise ApiError(404, "not_found", "no such file: a name or the path is too long to exist")
         try:
             result = await service.add_document(
