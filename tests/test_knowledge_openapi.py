@@ -22,6 +22,7 @@ from schemathesis.specs.openapi.schemas import OpenApiSchema
 
 from tests._harness import WAIT
 from tests._openapi import (  # noqa: F401  (fixtures)
+    EXAMPLES,
     KNOWLEDGE,
     RUNS_TOKEN,
     GatewayThread,
@@ -98,3 +99,30 @@ def test_a_path_too_long_to_exist_is_not_found(knowledge_gateway: GatewayThread,
     response = _post(knowledge_gateway, "documents", {"path": path[:4096]})
     assert response.status_code == 404, response.text
     assert response.json()["error"]["code"] == "not_found"
+
+
+def test_document_links_conform(knowledge_gateway: GatewayThread, knowledge_schema: OpenApiSchema) -> None:
+    """Stateful sequences following the document's links: a document added (202) to its indexing
+    status. The fake processes a document as it is added, so no answer depends on timing."""
+
+    class DocumentLinks(knowledge_schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"headers": headers_for(case)}
+
+    DocumentLinks.run(
+        settings=hypothesis.settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=4,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate),
+            suppress_health_check=list(hypothesis.HealthCheck),
+        )
+    )
+    # The link was followed: an indexing status asked for by a track id the provider gave out.
+    assert knowledge_gateway.lightrag is not None
+    tracked = [
+        path for _, path in knowledge_gateway.lightrag.calls if path.startswith("/documents/track_status/insert_")
+    ]
+    assert tracked, knowledge_gateway.lightrag.calls[-20:]

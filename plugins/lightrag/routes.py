@@ -40,12 +40,18 @@ HTTP_STATUS = {
 }
 
 WHERE_KEYS = ("workspaceId", "allowedRoots")
+# A character white space to neither Python (LightRAG strips with it) nor ECMA-262.
+VISIBLE = r"[^\s\u001c-\u001f\u0085\ufeff]"
+# What a document's name may not have, as far as one simple pattern says it (openapi.json has the
+# same; `..` components are refused by the service): a control character, a backslash, a leading
+# `/` or `~`.
+NAME_PATTERN = r"^[^/~\\\u0000-\u001f\u007f][^\\\u0000-\u001f\u007f]*$"
 ADD_SCHEMA = {
     "type": "object",
     "properties": {
         "path": {"type": "string", "minLength": 1, "maxLength": 4096},
-        "text": {"type": "string", "minLength": 1},
-        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "text": {"type": "string", "minLength": 1, "pattern": VISIBLE},
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": NAME_PATTERN},
     },
     "oneOf": [{"required": ["path"]}, {"required": ["text", "name"]}],
     "additionalProperties": False,
