@@ -4,6 +4,7 @@ scenario, and the fixtures `gateway_url` and `api_schema` (its served /openapi.j
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from agent_gateway.config import Config
 from agent_gateway.plugin_host import PluginHost
 from agent_gateway.testing import LoopThread
 from agent_gateway.testing.fake_openai import FakeOpenAI
+from tests._fake_lightrag import FakeLightRAG
 from tests._harness import WAIT
 
 RUNS_TOKEN = "tok-conformance-runs"
@@ -35,13 +37,24 @@ SCENARIO_ACTORS = 200
 SCENARIO_TOKENS = [(f"tok-conformance-{n:04d}-runs", f"tok-conformance-{n:04d}-prefs") for n in range(SCENARIO_ACTORS)]
 
 
-class GatewayThread:
-    """A fake upstream and a gateway on 127.0.0.1, served by an event loop in a thread."""
+# The knowledge gateway's workspace ("default"): files a document can be added from.
+WORKSPACE_FILES = {
+    "notes/widget.md": "# Widget\n\nThe Acme Widget is blue.\nIt weighs two kilograms.\n",
+    "notes/zebra.md": "# Zebra\n\nThe zebra is striped.\n",
+}
 
-    def __init__(self, data_dir: str) -> None:
+
+class GatewayThread:
+    """A fake upstream and a gateway on 127.0.0.1, served by an event loop in a thread.
+
+    ``knowledge``: the lightrag plugin also points at a :class:`FakeLightRAG` (on the same loop),
+    and the workspace ``default`` is a directory holding ``WORKSPACE_FILES``."""
+
+    def __init__(self, data_dir: str, *, knowledge: bool = False) -> None:
         self.data_dir = data_dir
         self.thread: LoopThread | None = None
         self.fake = FakeOpenAI()
+        self.lightrag = FakeLightRAG() if knowledge else None
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -51,6 +64,16 @@ class GatewayThread:
 
     async def _start(self) -> None:
         await self.fake.start()
+        knowledge: dict[str, Any] = {}
+        if self.lightrag is not None:
+            workspace = Path(self.data_dir) / "workspace"
+            for name, text in WORKSPACE_FILES.items():
+                (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+                (workspace / name).write_text(text, encoding="utf-8")
+            knowledge = {
+                "lightrag": {"url": await self.lightrag.start(), "api_key": self.lightrag.api_key},
+                "workspaces": {"roots": {"default": str(workspace)}},
+            }
         config = Config.load(
             None,
             env={},
@@ -70,6 +93,7 @@ class GatewayThread:
                 "pi_lab": {"enabled": False},
                 # A run body's `webhook` is accepted (it is schema-valid)...
                 "webhooks": {"secret": WEBHOOK_SECRET},
+                **knowledge,
             },
         )
         app = create_app(config, PluginHost.load(env={}))
@@ -86,6 +110,8 @@ class GatewayThread:
     async def _stop(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.lightrag is not None:
+            await self.lightrag.stop()
         await self.fake.stop()
 
     def __enter__(self) -> GatewayThread:
@@ -113,8 +139,8 @@ EXAMPLES = 15  # per operation and phase: the whole file stays well under a minu
 SEED = 20261201
 
 
-# Operations that need a peer this test does not start (see the module docstring).
-NEEDS_PEER = r"^/v1/knowledge/"
+# The lightrag plugin's routes: checked on a gateway of their own (tests/test_knowledge_openapi.py).
+KNOWLEDGE = r"^/v1/knowledge/"
 
 
 @pytest.fixture(autouse=True)
@@ -130,8 +156,9 @@ def gateway_url_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         yield gateway.url
 
 
-@pytest.fixture(scope="module", name="api_schema")
-def api_schema_fixture(gateway_url: str) -> OpenApiSchema:
+def load_schema(gateway_url: str) -> OpenApiSchema:
+    """The served /openapi.json, with this suite's Schemathesis settings (fixed seed, derandomized,
+    no example database, EXAMPLES per operation and phase)."""
     config = schemathesis.Config.from_dict(
         {
             "seed": SEED,
@@ -149,5 +176,9 @@ def api_schema_fixture(gateway_url: str) -> OpenApiSchema:
             },
         }
     )
-    schema = schemathesis.openapi.from_url(f"{gateway_url}/openapi.json", config=config)
-    return schema.exclude(path_regex=NEEDS_PEER)
+    return schemathesis.openapi.from_url(f"{gateway_url}/openapi.json", config=config)
+
+
+@pytest.fixture(scope="module", name="api_schema")
+def api_schema_fixture(gateway_url: str) -> OpenApiSchema:
+    return load_schema(gateway_url).exclude(path_regex=KNOWLEDGE)

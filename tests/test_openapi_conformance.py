@@ -11,8 +11,8 @@ derandomized) and bounded (a few examples per operation).
 
 The preference writes go through a second actor: stored preferences fill a run's missing
 ``agentId``, and the runs' actor must not get one mid-run (its requests would change meaning).
-The knowledge routes need a LightRAG server (tests/test_lightrag.py runs them against the real
-one); here they are only checked for being documented.
+The knowledge routes (the lightrag plugin's) are checked the same way on a gateway of their own,
+in tests/test_knowledge_openapi.py.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from agent_gateway.routes.console import CONSOLE_ROUTES
 from tests._harness import WAIT, run_body, run_to_end
 from tests._openapi import (  # noqa: F401  (fixtures)
     EXAMPLES,
-    NEEDS_PEER,
+    KNOWLEDGE,
     RUNS_TOKEN,
     SCENARIO_TOKENS,
     GatewayThread,
@@ -40,7 +40,7 @@ from tests._openapi import (  # noqa: F401  (fixtures)
     headers_for,
 )
 
-schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=NEEDS_PEER)
+schema = schemathesis.pytest.from_fixture("api_schema").exclude(path_regex=KNOWLEDGE)
 
 
 @schema.parametrize()

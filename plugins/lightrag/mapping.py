@@ -33,6 +33,9 @@ from urllib.parse import quote, unquote
 REFERENCE_SCHEMA = "gateway.knowledge_rag.reference.v1"
 SEP = "<SEP>"  # LightRAG joins the sources of merged entities with this
 _BAD_COMPONENT = re.compile(r"[\x00-\x1f\x7f\\]")
+# A query LightRAG takes: at least three characters once white space is stripped (it strips with
+# Python's str.strip; the class below is white space to neither Python nor ECMA-262).
+QUERY_PATTERN = r"[^\s\u001c-\u001f\u0085\ufeff][\s\S]+[^\s\u001c-\u001f\u0085\ufeff]"
 _URLS = re.compile(r"(?:file|https?)://[^\s)\]>'\"]+", re.IGNORECASE)
 _ABS_PATHS = re.compile(r"(?<![\w.])/(?:[\w.@+-]+/)+[\w.@+-]*")
 # The answer's reference list, as LightRAG's prompt asks for it ("### References" then

@@ -40,12 +40,18 @@ HTTP_STATUS = {
 }
 
 WHERE_KEYS = ("workspaceId", "allowedRoots")
+# A character white space to neither Python (LightRAG strips with it) nor ECMA-262.
+VISIBLE = r"[^\s\u001c-\u001f\u0085\ufeff]"
+# What a document's name may not have, as far as one simple pattern says it (openapi.json has the
+# same; `..` components are refused by the service): a control character, a backslash, a leading
+# `/` or `~`.
+NAME_PATTERN = r"^[^/~\\\u0000-\u001f\u007f][^\\\u0000-\u001f\u007f]*$"
 ADD_SCHEMA = {
     "type": "object",
     "properties": {
         "path": {"type": "string", "minLength": 1, "maxLength": 4096},
-        "text": {"type": "string", "minLength": 1},
-        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "text": {"type": "string", "minLength": 1, "pattern": VISIBLE},
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": NAME_PATTERN},
     },
     "oneOf": [{"required": ["path"]}, {"required": ["text", "name"]}],
     "additionalProperties": False,
@@ -59,6 +65,33 @@ DELETE_SCHEMA = {
     "anyOf": [{"required": ["documentIds"]}, {"required": ["sourcePaths"]}],
     "additionalProperties": False,
 }
+
+
+# No file system the gateway runs on has a longer name, or a longer path with its NUL (NAME_MAX,
+# PATH_MAX).
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+def _no_such_file(path: Any, workspace_root: Path | None) -> bool:
+    """``path`` (in the workspace directory) is a name or path too long to exist: not found
+    (404), though the path checks call it a refused spelling, which openapi.json cannot state
+    (it counts characters, not bytes, and does not know the workspace directory)."""
+    if not isinstance(path, str) or workspace_root is None:
+        return False
+    full = path if path.startswith("/") else f"{workspace_root}/{path}"
+    size = len(full.encode("utf-8", "surrogatepass"))
+    return size >= MAX_PATH_BYTES or any(
+        len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES for name in path.split("/")
+    )
+
+
+def _integral(args: dict[str, Any], key: str) -> None:
+    """JSON does not tell 7.0 from 7, nor does JSON Schema's "integer": take an integral number as
+    the integer it is (the tool schema's check would call 7.0 a number)."""
+    value = args.get(key)
+    if isinstance(value, float) and value.is_integer():
+        args[key] = int(value)
 
 
 def _api_error(exc: ToolError) -> ApiError:
@@ -86,6 +119,7 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
             raise ApiError(400, "invalid_request", "the body must be a JSON object")
         where = where_of(request, body)
         args = {k: v for k, v in body.items() if k not in WHERE_KEYS}
+        _integral(args, "topK")
         if schema is not None:
             try:
                 validate_schema(args, schema, "body")
@@ -129,6 +163,8 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
 
     async def add_document(request: web.Request) -> web.Response:
         where, args = await body_of(request, ADD_SCHEMA)
+        if _no_such_file(args.get("path"), where.workspace_root):
+            raise ApiError(404, "not_found", "no such file: a name or the path is too long to exist")
         try:
             result = await service.add_document(
                 where, path=args.get("path"), text=args.get("text"), name=args.get("name")

@@ -394,9 +394,16 @@ class KnowledgeService:
         if source_path is not None:
             clean = normalise_relative(source_path)
             if clean is None:
-                raise ToolError("invalid_arguments", "sourcePath must be a workspace-relative path")
+                # a lookup: no document of the workspace has such a path
+                raise ToolError("not_found", "no document has that sourcePath (not a workspace-relative path)")
             source_path = clean
             provider_name = provider_name or encode_source(where.workspace_id, source_path)
+        if provider_name is None and reference_id_:
+            # Only a referenceId, and not one this gateway gave out (or no longer remembered).
+            raise ToolError(
+                "not_found",
+                f"reference {reference_id_[:80]!r} is not known here: give its sourcePath or filePath too",
+            )
         if provider_name is None:
             raise ToolError("invalid_arguments", "give a reference, a referenceId, a sourcePath or a filePath")
         ref_id = reference_id(where.workspace_id, source_path, provider_name)

@@ -7,9 +7,33 @@ from typing import Any
 
 from agent_gateway import Tool, ToolCall
 
+from .mapping import QUERY_PATTERN
 from .service import MODES, KnowledgeService, Where
 
 CAP_KNOWLEDGE = "knowledge_rag"
+
+QUERY_SCHEMA = {
+    "type": "string",
+    "minLength": 3,
+    "maxLength": 4000,
+    "pattern": QUERY_PATTERN,
+    "description": "At least three characters besides white space at either end",
+}
+RELATIVE_PATH_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 4096}
+# What open_reference reads of a reference (a knowledge_rag.query reference has more).
+REFERENCE_ARGUMENT = {
+    "type": "object",
+    "properties": {
+        "referenceId": {"type": "string", "minLength": 1, "maxLength": 64},
+        "sourcePath": {"type": ["string", "null"], "minLength": 1, "maxLength": 4096},
+        "filePath": {"type": "string", "minLength": 1, "maxLength": 4096},
+    },
+    "anyOf": [
+        {"required": ["referenceId"]},
+        {"required": ["filePath"]},
+        {"required": ["sourcePath"], "properties": {"sourcePath": {"type": "string"}}},
+    ],
+}
 
 SOURCE_PATHS_SCHEMA = {
     "type": "array",
@@ -78,7 +102,7 @@ class KnowledgeTools:
                 {
                     "type": "object",
                     "properties": {
-                        "query": {"type": "string", "minLength": 3, "maxLength": 4000},
+                        "query": QUERY_SCHEMA,
                         "sourcePaths": SOURCE_PATHS_SCHEMA,
                         "mode": {"type": "string", "enum": list(MODES)},
                         "topK": {"type": "integer", "minimum": 1, "maximum": 200},
@@ -97,12 +121,12 @@ class KnowledgeTools:
                 {
                     "type": "object",
                     "properties": {
-                        "reference": {"type": "object"},
-                        "referenceId": {"type": "string", "maxLength": 64},
-                        "sourcePath": {"type": "string", "minLength": 1, "maxLength": 4096},
+                        "reference": REFERENCE_ARGUMENT,
+                        "referenceId": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "sourcePath": RELATIVE_PATH_SCHEMA,
                         "filePath": {"type": "string", "minLength": 1, "maxLength": 4096},
                         "chunkId": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "query": {"type": "string", "minLength": 3, "maxLength": 4000},
+                        "query": QUERY_SCHEMA,
                         "excerpt": {"type": "string", "minLength": 1, "maxLength": 20000},
                     },
                     "anyOf": [

@@ -1,0 +1,128 @@
+"""The knowledge routes (the lightrag plugin's ``/v1/knowledge/...``) do what ``/openapi.json``
+says, checked by Schemathesis as tests/test_openapi_conformance.py checks the core's.
+
+The gateway (tests/_openapi.GatewayThread with ``knowledge``) points the plugin at a fake LightRAG
+server (tests/_fake_lightrag.py: the real server's shapes and refusals, in memory) and has a
+workspace ``default`` with two files. Every built-in check runs on every knowledge operation:
+examples, coverage and fuzzing cases. A 5xx is a failure here: the fake is healthy, so a
+``provider_error`` means the gateway forwarded something the provider refuses. Same settings as
+the core's test: fixed seed, derandomized, no example database, a few examples per operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import hypothesis
+import pytest
+import requests
+import schemathesis
+from schemathesis.specs.openapi.schemas import OpenApiSchema
+
+from tests._harness import WAIT
+from tests._openapi import (  # noqa: F401  (fixtures)
+    EXAMPLES,
+    KNOWLEDGE,
+    RUNS_TOKEN,
+    GatewayThread,
+    _node_id_for_schemathesis,
+    headers_for,
+    load_schema,
+)
+
+
+@pytest.fixture(scope="module")
+def knowledge_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    with GatewayThread(str(tmp_path_factory.mktemp("knowledge")), knowledge=True) as gateway:
+        yield gateway
+
+
+@pytest.fixture(scope="module")
+def knowledge_schema(knowledge_gateway: GatewayThread) -> OpenApiSchema:
+    return load_schema(knowledge_gateway.url).include(path_regex=KNOWLEDGE)
+
+
+schema = schemathesis.pytest.from_fixture("knowledge_schema")
+
+
+@schema.parametrize()
+@hypothesis.settings(deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+def test_every_knowledge_operation_conforms(case: schemathesis.Case) -> None:
+    case.call_and_validate(headers=headers_for(case))
+
+
+# -- what it found, each pinned ---------------------------------------------------------------------
+
+
+def _post(gateway: GatewayThread, path: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(
+        f"{gateway.url}/v1/knowledge/{path}", json=body, headers={"Authorization": f"Bearer {RUNS_TOKEN}"}, timeout=WAIT
+    )
+
+
+def test_an_integral_top_k_is_an_integer(knowledge_gateway: GatewayThread) -> None:
+    """JSON Schema's "integer" takes 7.0; the route did not (the tool schema's check says number)."""
+    response = _post(knowledge_gateway, "query", {"query": "what is blue?", "topK": 7.0})
+    assert response.status_code == 200, response.text
+    assert _post(knowledge_gateway, "query", {"query": "what is blue?", "topK": 7.5}).status_code == 400
+
+
+@pytest.mark.parametrize("query", ["  ab", "a  ", " \u3000x\u3000 ", "\ufeffab"])
+def test_a_query_lightrag_would_refuse_is_refused_first(knowledge_gateway: GatewayThread, query: str) -> None:
+    """Three characters, but fewer once stripped: the provider's 422 came back as a 502."""
+    response = _post(knowledge_gateway, "query", {"query": query})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "invalid_arguments"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"referenceId": "ref-never-given"}, {"reference": {"referenceId": "ref-never-given"}}, {"sourcePath": "a\x17b"}],
+)
+def test_a_reference_nothing_has_is_not_found(knowledge_gateway: GatewayThread, body: dict[str, Any]) -> None:
+    response = _post(knowledge_gateway, "open_reference", body)
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("body", [{"referenceId": ""}, {"reference": {}}, {"reference": {"sourcePath": None}}])
+def test_a_reference_without_a_usable_key_is_refused_as_the_document_says(
+    knowledge_gateway: GatewayThread, body: dict[str, Any]
+) -> None:
+    response = _post(knowledge_gateway, "open_reference", body)
+    assert response.status_code == 400, response.text
+
+
+@pytest.mark.parametrize("path", ["notes/" + "n" * 256, "notes/" + "é" * 128 + ".md", "a/" * 2100])
+def test_a_path_too_long_to_exist_is_not_found(knowledge_gateway: GatewayThread, path: str) -> None:
+    response = _post(knowledge_gateway, "documents", {"path": path[:4096]})
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "not_found"
+
+
+def test_document_links_conform(knowledge_gateway: GatewayThread, knowledge_schema: OpenApiSchema) -> None:
+    """Stateful sequences following the document's links: a document added (202) to its indexing
+    status. The fake processes a document as it is added, so no answer depends on timing."""
+
+    class DocumentLinks(knowledge_schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
+            return {"headers": headers_for(case)}
+
+    DocumentLinks.run(
+        settings=hypothesis.settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=4,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate),
+            suppress_health_check=list(hypothesis.HealthCheck),
+        )
+    )
+    # The link was followed: an indexing status asked for by a track id the provider gave out.
+    assert knowledge_gateway.lightrag is not None
+    tracked = [
+        path for _, path in knowledge_gateway.lightrag.calls if path.startswith("/documents/track_status/insert_")
+    ]
+    assert tracked, knowledge_gateway.lightrag.calls[-20:]
