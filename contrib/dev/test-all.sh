@@ -63,7 +63,9 @@ rm -f "$peers_env"
 # 5. The suite.
 echo "== running tests"
 set +e
-"$PYTHON" -m pytest -q -p no:cacheprovider "$@"
+# Three workers on two cores: a test waits on a subprocess, a peer or the network about a third of
+# its time, so a third worker fills that idle CPU (docs/testing.md has the figures).
+"$PYTHON" -m pytest -q -p no:cacheprovider -n 3 "$@"
 status=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a failure here.
