@@ -11,7 +11,10 @@ the core's test: fixed seed, derandomized, no example database, a few examples p
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import hypothesis
@@ -101,9 +104,19 @@ def test_a_path_too_long_to_exist_is_not_found(knowledge_gateway: GatewayThread,
     assert response.json()["error"]["code"] == "not_found"
 
 
-def test_document_links_conform(knowledge_gateway: GatewayThread, knowledge_schema: OpenApiSchema) -> None:
+@pytest.fixture
+def links_gateway(tmp_path: Path) -> Iterator[GatewayThread]:
+    """A gateway and fake of the stateful test's own: what the module's other tests added first
+    (which depends on how pytest-xdist shares the module out) would change its answers (409 for a
+    name taken), and so the sequences Hypothesis draws."""
+    with GatewayThread(str(tmp_path), knowledge=True) as gateway:
+        yield gateway
+
+
+def test_document_links_conform(links_gateway: GatewayThread) -> None:
     """Stateful sequences following the document's links: a document added (202) to its indexing
     status. The fake processes a document as it is added, so no answer depends on timing."""
+    knowledge_schema = load_schema(links_gateway.url).include(path_regex=KNOWLEDGE)
 
     class DocumentLinks(knowledge_schema.as_state_machine()):  # type: ignore[misc]
         def get_call_kwargs(self, case: schemathesis.Case) -> dict[str, Any]:
@@ -121,8 +134,23 @@ def test_document_links_conform(knowledge_gateway: GatewayThread, knowledge_sche
         )
     )
     # The link was followed: an indexing status asked for by a track id the provider gave out.
-    assert knowledge_gateway.lightrag is not None
-    tracked = [
-        path for _, path in knowledge_gateway.lightrag.calls if path.startswith("/documents/track_status/insert_")
-    ]
-    assert tracked, knowledge_gateway.lightrag.calls[-20:]
+    assert links_gateway.lightrag is not None
+    tracked = [path for _, path in links_gateway.lightrag.calls if path.startswith("/documents/track_status/insert_")]
+    assert tracked, links_gateway.lightrag.calls[-20:]
+
+
+def test_the_documents_path_rules_are_the_routes() -> None:
+    """openapi.json carries the path patterns the plugin defines, and they say what the gateway's
+    path check refuses (so Schemathesis predicts every 400 ``path_refused``)."""
+    from agent_gateway.plugins.lightrag import routes
+
+    document = json.loads((Path(routes.__file__).parent / "openapi.json").read_text(encoding="utf-8"))
+    body = document["paths"]["/v1/knowledge/documents"]["post"]["requestBody"]["content"]["application/json"]
+    properties = body["schema"]["properties"]
+    assert properties["path"]["pattern"] == routes.PATH_PATTERN
+    assert properties["name"]["pattern"] == routes.NAME_PATTERN
+    for text in ["a", "notes/a.md", "/abs/x", "./x", "x/./y", ".hidden", "...", "..a/b", "a/~b", "é/ü"]:
+        assert re.fullmatch(routes.PATH_PATTERN, text), text
+    for text in ["..", "../x", "x/..", "a/../b", "~x", "a\\b", "a\x01b", "a/", ".", "/", "x/."]:
+        assert not re.fullmatch(routes.PATH_PATTERN, text), text
+    assert not re.fullmatch(routes.NAME_PATTERN, "/abs/x") and re.fullmatch(routes.NAME_PATTERN, "inbox/gnu.md")

@@ -42,16 +42,24 @@ HTTP_STATUS = {
 WHERE_KEYS = ("workspaceId", "allowedRoots")
 # A character white space to neither Python (LightRAG strips with it) nor ECMA-262.
 VISIBLE = r"[^\s\u001c-\u001f\u0085\ufeff]"
-# What a document's name may not have, as far as one simple pattern says it (openapi.json has the
-# same; `..` components are refused by the service): a control character, a backslash, a leading
-# `/` or `~`.
-NAME_PATTERN = r"^[^/~\\\u0000-\u001f\u007f][^\\\u0000-\u001f\u007f]*$"
+# The workspace path rules a pattern can say (`agent_gateway.paths`), for openapi.json (the route
+# checks paths itself, answering `path_refused`): no control character or backslash, no leading
+# `~`, no `..` component, and a last component that names something (not empty, not `.`).
+# Written without lookahead, one alternative per way a component can start, so Python and
+# ECMA-262 read it alike and a generator builds matching strings quickly.
+_CHAR = r"[^/\\\u0000-\u001f\u007f]"  # within a component
+_NOT_DOT = r"[^/.\\\u0000-\u001f\u007f]"
+_NAMED = rf"(?:\.?{_NOT_DOT}{_CHAR}*|\.\.{_CHAR}+)"  # neither empty, `.` nor `..`
+_FIRST_NAMED = rf"(?:[^/.~\\\u0000-\u001f\u007f]{_CHAR}*|\.{_NOT_DOT}{_CHAR}*|\.\.{_CHAR}+)"  # no leading `~`
+_MIDDLE = rf"(?:{_NAMED}|\.)?"
+PATH_PATTERN = rf"^(?:(?:{_FIRST_NAMED}|\.)?(?:/{_MIDDLE})*/{_NAMED}|{_FIRST_NAMED})$"
+NAME_PATTERN = rf"^(?:(?:{_FIRST_NAMED}|\.)(?:/{_MIDDLE})*/{_NAMED}|{_FIRST_NAMED})$"  # relative: no leading `/`
 ADD_SCHEMA = {
     "type": "object",
     "properties": {
         "path": {"type": "string", "minLength": 1, "maxLength": 4096},
         "text": {"type": "string", "minLength": 1, "pattern": VISIBLE},
-        "name": {"type": "string", "minLength": 1, "maxLength": 4096, "pattern": NAME_PATTERN},
+        "name": {"type": "string", "minLength": 1, "maxLength": 4096},
     },
     "oneOf": [{"required": ["path"]}, {"required": ["text", "name"]}],
     "additionalProperties": False,
