@@ -47,6 +47,13 @@ class FakeLightRAG:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
+    def forget_documents(self) -> None:
+        """Back to an empty store (the calls stay recorded). A stateful test calls it before each
+        sequence: a document left by the previous one would make the same add a 409, not a 202."""
+        self.documents.clear()
+        self.texts.clear()
+        self._inserts = 0
+
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/health", self.health)

@@ -121,6 +121,14 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
         root = routes.workspace_root(request, workspace_id)  # 404 for another actor's workspace
         return Where(workspace_id, root, roots, routes.in_thread, routes.actor(request))
 
+    def query_where(request: web.Request) -> Where:
+        """The workspace a GET names in its query; any other parameter is refused, as the
+        document's `additionalProperties: false` says (an empty name included)."""
+        unknown = sorted({key for key in request.query} - set(WHERE_KEYS))
+        if unknown:
+            raise ApiError(400, "invalid_request", f"unknown query parameter(s): {', '.join(map(repr, unknown))}")
+        return where_of(request, dict(request.query))
+
     async def body_of(request: web.Request, schema: dict[str, Any] | None) -> tuple[Where, dict[str, Any]]:
         body = await read_json(request)
         if not isinstance(body, dict):
@@ -182,7 +190,7 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
         return web.json_response(result, status=202)
 
     async def list_documents(request: web.Request) -> web.Response:
-        where = where_of(request, dict(request.query))
+        where = query_where(request)
         try:
             documents = await service.list_documents(where)
         except ToolError as exc:
@@ -190,7 +198,7 @@ def setup(routes: PluginRoutes, service: KnowledgeService) -> None:
         return web.json_response({"workspaceId": where.workspace_id, "documents": documents})
 
     async def track(request: web.Request) -> web.Response:
-        where = where_of(request, dict(request.query))
+        where = query_where(request)
         try:
             result = await service.track(where, request.match_info["trackId"])
         except ToolError as exc:
