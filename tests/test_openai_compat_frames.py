@@ -150,6 +150,16 @@ async def _eventually(holds: Any, turns: int = 200) -> bool:
     return bool(holds())
 
 
+async def _read_until(response: aiohttp.ClientResponse, seen: bytes, marker: bytes) -> bytes:
+    """``seen`` plus what the stream sends until ``marker`` is in it (bounded: 1,000 chunks, and
+    the caller's WAIT)."""
+    for _ in range(1000):
+        if marker in seen:
+            break
+        seen += await response.content.readany()
+    return seen
+
+
 @pytest.mark.parametrize(
     ("path", "body", "marker"),
     [
@@ -170,11 +180,7 @@ async def test_an_idle_encoded_stream_is_written_from_publish(
     async with asyncio.timeout(WAIT):
         response = await client.post(path, json=body)
         assert response.status == 200, await response.text()
-        seen = b""
-        for _ in range(1000):  # (chunks of the stream: bounded by WAIT too)
-            if b"first" in seen:
-                break
-            seen += await response.content.readany()
+        seen = await _read_until(response, b"", b"first")
         found = re.search(rb'"(?:resp_|chatcmpl-)(run_[0-9a-f]+)"', seen)
         assert found is not None, seen
         run_id = found[1].decode()
@@ -185,10 +191,7 @@ async def test_an_idle_encoded_stream_is_written_from_publish(
         gateway.journal.append_nowait(run_id, "message.delta", {"text": 'from publish "%'}, "agent")
         gateway.journal.publish()
         assert gateway.stream_stats.delivered == delivered + 1  # written before any loop turn
-        for _ in range(1000):
-            if marker in seen:
-                break
-            seen += await response.content.readany()
+        seen = await _read_until(response, seen, marker)
         assert marker in seen
         cancelled = await client.post(f"/v1/runs/{run_id}/cancel", json={})  # (the fake model hangs)
         assert cancelled.status < 300, await cancelled.text()
@@ -213,11 +216,7 @@ async def test_an_encoder_error_in_a_direct_write_ends_that_stream_not_the_run(
     async with asyncio.timeout(WAIT):
         response = await client.post("/v1/responses", json=body)
         assert response.status == 200, await response.text()
-        seen = b""
-        for _ in range(1000):  # (chunks of the stream: bounded by WAIT too)
-            if b"first" in seen:
-                break
-            seen += await response.content.readany()
+        seen = await _read_until(response, b"", b"first")
         found = re.search(rb'"resp_(run_[0-9a-f]+)"', seen)
         assert found is not None, seen
         run_id = found[1].decode()
