@@ -11,7 +11,6 @@ the core's test: fixed seed, derandomized, no example database, a few examples p
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,14 +160,15 @@ def test_document_links_conform(links_gateway: GatewayThread) -> None:
     assert tracked, fake.calls[-20:]
 
 
-def test_the_documents_path_rules_are_the_routes() -> None:
-    """openapi.json carries the path patterns the plugin defines, and they say what the gateway's
-    path check refuses (so Schemathesis predicts every 400 ``path_refused``)."""
-    from agent_gateway.plugins.lightrag import routes
+def test_the_documents_path_rules_are_the_routes(knowledge_gateway: GatewayThread) -> None:
+    """The served document carries the path patterns the plugin defines, and they say what the
+    gateway's path check refuses (so Schemathesis predicts every 400 ``path_refused``)."""
+    from agent_gateway.plugins.lightrag import declared as routes
 
-    document = json.loads((Path(routes.__file__).parent / "openapi.json").read_text(encoding="utf-8"))
+    document = requests.get(f"{knowledge_gateway.url}/openapi.json", timeout=WAIT).json()
     body = document["paths"]["/v1/knowledge/documents"]["post"]["requestBody"]["content"]["application/json"]
-    properties = body["schema"]["properties"]
+    assert body["schema"] == {"$ref": "#/components/schemas/KnowledgeAddDocument"}
+    properties = document["components"]["schemas"]["KnowledgeAddDocument"]["properties"]
     assert properties["path"]["pattern"] == routes.PATH_PATTERN
     assert properties["name"]["pattern"] == routes.NAME_PATTERN
     for text in ["a", "notes/a.md", "/abs/x", "./x", "x/./y", ".hidden", "...", "..a/b", "a/~b", "é/ü"]:

@@ -2,8 +2,8 @@
 
 Tools (through the tool facade, so every runtime reaches them through the one MCP surface, each
 call receipted): ``knowledge_rag.status``, ``knowledge_rag.query``, ``knowledge_rag.open_reference``
-(capability ``knowledge_rag``). HTTP routes for hosts (``register_routes`` hook, each declared
-with its OpenAPI operation from this folder's ``openapi.json``):
+(capability ``knowledge_rag``). HTTP routes for hosts (``register_routes`` hook, each an
+``agent_gateway.Route`` declared in ``declared.py``, from which ``/openapi.json`` lists it):
 ``/v1/knowledge/status``, ``/query``, ``/open_reference``, ``/documents`` (add, list, delete),
 ``/documents/track/{trackId}``. Settings fields (``register_setting_fields`` hook):
 ``ai.common.knowledge_rag.mode``, ``ai.common.knowledge_rag.topK``.

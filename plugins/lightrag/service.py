@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from agent_gateway import PathError, ToolError, read_file_safely, resolve_path
 
@@ -55,7 +55,8 @@ SOURCE_SCOPE_DESCRIPTION = (
     "knowledge base and the answer may draw on documents outside sourcePaths; only the references "
     "returned are limited to them"
 )
-MODES = ("naive", "local", "global", "hybrid", "mix")
+Mode = Literal["naive", "local", "global", "hybrid", "mix"]
+MODES: tuple[str, ...] = get_args(Mode)
 NO_CONTEXT_MARK = "[no-context]"
 REFERENCE_CACHE_SIZE = 2048
 LOCATE_MAX_BYTES = 4 * 1024 * 1024
