@@ -22,6 +22,7 @@ import requests
 import schemathesis
 from schemathesis.specs.openapi.schemas import OpenApiSchema
 
+import agent_gateway
 from tests._harness import WAIT
 from tests._openapi import (  # noqa: F401  (fixtures)
     EXAMPLES,
@@ -115,6 +116,44 @@ def test_a_query_parameter_the_document_does_not_name_is_refused(knowledge_gatew
         )
         assert response.status_code == 400, response.text
         assert response.json()["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("query", {"query": "what is blue?", "mode": None}, "mode"),
+        ("query", {"query": "what is blue?", "topK": "7"}, "topK"),
+        ("documents", {"path": "notes/widget.md", "allowedRoots": 3}, "allowedRoots"),
+    ],
+)
+def test_a_field_the_document_refuses_is_named(
+    knowledge_gateway: GatewayThread, path: str, body: dict[str, Any], field: str
+) -> None:
+    """Null is not a value of an optional field (the document lists none), nor is "7" a number."""
+    response = _post(knowledge_gateway, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == ("invalid_request", field), error
+
+
+def test_the_served_operations_are_the_declarations(knowledge_gateway: GatewayThread) -> None:
+    """Every knowledge route is in /openapi.json exactly as its declaration builds it, and the
+    component schemas it refers to are served with it."""
+    from agent_gateway.plugins.lightrag import declared
+
+    document = requests.get(f"{knowledge_gateway.url}/openapi.json", timeout=WAIT).json()
+    routes = [value for value in vars(declared).values() if isinstance(value, agent_gateway.Route)]
+    assert {(route.method, route.openapi_path) for route in routes} == {
+        (method.upper(), path)
+        for path, item in document["paths"].items()
+        if re.match(KNOWLEDGE, path)
+        for method in item
+    }
+    for route in routes:
+        operation, schemas = route.openapi_operation()
+        assert document["paths"][route.openapi_path][route.method.lower()] == operation, route.path
+        for name, schema in schemas.items():
+            assert document["components"]["schemas"][name] == schema, name
 
 
 @pytest.fixture
