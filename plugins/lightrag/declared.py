@@ -22,8 +22,6 @@ from .service import DOCUMENT_SCHEMA, OPEN_SCHEMA, QUERY_SCHEMA, SOURCE_SCOPE_MO
 
 TAGS = ("knowledge (lightrag plugin)",)
 
-# A character white space to neither Python (LightRAG strips with it) nor ECMA-262.
-VISIBLE = r"[^\s\u001c-\u001f\u0085\ufeff]"
 # The workspace path rules a pattern can say (`agent_gateway.paths`), for the document only (the
 # route checks paths itself, answering `path_refused`): no control character or backslash, no
 # leading `~`, no `..` component, and a last component that names something (not empty, not `.`).
@@ -110,9 +108,10 @@ def _query_text(value: Any) -> Any:
         raise refuse("invalid_arguments", f"query must be at most {MAX_QUERY} characters", field="query")
     if not QUERY_TEXT.search(value):
         raise refuse(
-            "invalid_arguments", "query must have at least three characters besides white space at either end",
+            "invalid_arguments",
+            "query must have at least three characters besides white space at either end",
             field="query",
-        )  # fmt: skip
+        )
     return value
 
 
@@ -427,6 +426,8 @@ class KnowledgeTrack(_Answer):
 
 
 class KnowledgeDeleted(_Answer):
+    """A document whose deletion started."""
+
     documentId: str
     sourcePath: str
     status: Literal["deleting"]
@@ -442,7 +443,7 @@ class KnowledgeDeletion(_Answer):
 # -- routes -----------------------------------------------------------------------------------------
 
 ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
-PROVIDER_RESPONSES = {
+PROVIDER_RESPONSES: dict[int | str, RouteResponse] = {
     502: RouteResponse("The knowledge provider answered with an error (`provider_error`)", content=ERROR),
     503: RouteResponse(
         "The knowledge provider is not configured, unreachable or busy (`provider_unavailable`, `provider_busy`), "
