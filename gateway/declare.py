@@ -207,6 +207,23 @@ class RouteResponse:
     headers: Mapping[str, Any] = field(default_factory=dict)
     links: Mapping[str, Any] = field(default_factory=dict)
 
+    def openapi_response(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The OpenAPI response object, and the component schemas it refers to by name."""
+        item: dict[str, Any] = {"description": self.description}
+        components: dict[str, Any] = {}
+        content: dict[str, Any] = {}
+        if self.model is not None:
+            ref, components = model_schemas(self.model, "serialization")
+            content["application/json"] = {"schema": ref}
+        content.update(self.content)
+        if content:
+            item["content"] = content
+        if self.headers:
+            item["headers"] = dict(self.headers)
+        if self.links:
+            item["links"] = dict(self.links)
+        return item, components
+
 
 @dataclass(frozen=True)
 class Route(Generic[B, Q, P]):
@@ -317,22 +334,9 @@ class Route(Generic[B, Q, P]):
                 "content": {"application/json": {"schema": ref}},
             }
         responses: dict[str, Any] = {}
-        content: dict[str, Any]
         for status, response in self.responses.items():
-            item: dict[str, Any] = {"description": response.description}
-            content = {}
-            if response.model is not None:
-                ref, needed = model_schemas(response.model, "serialization")
-                merge_components(components, needed, f"route {self.method} {self.path}")
-                content["application/json"] = {"schema": ref}
-            content.update(response.content)
-            if content:
-                item["content"] = content
-            if response.headers:
-                item["headers"] = dict(response.headers)
-            if response.links:
-                item["links"] = dict(response.links)
-            responses[str(status)] = item
+            responses[str(status)], needed = response.openapi_response()
+            merge_components(components, needed, f"route {self.method} {self.path}")
         for status in self.errors:
             responses[str(status)] = {"$ref": f"#/components/responses/{ERROR_RESPONSES[status]}"}
         operation["responses"] = responses or {"default": {"description": "See the route's documentation."}}

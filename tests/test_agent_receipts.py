@@ -121,6 +121,12 @@ async def openapi_of(client: TestClient) -> dict[str, Any]:
     return dict(await response.json())
 
 
+async def receipt_validator(client: TestClient) -> jsonschema.Draft202012Validator:
+    """What the served document says of a receipt (its references to other components resolved)."""
+    components = (await openapi_of(client))["components"]
+    return jsonschema.Draft202012Validator({"$ref": "#/components/schemas/ToolReceipt", "components": components})
+
+
 # -- a run with native tool calls and a gateway tool call ---------------------------------------------
 
 
@@ -197,7 +203,7 @@ async def test_native_tool_calls_are_receipted_next_to_the_gateways(
     assert NOTE_TEXT.strip() not in json.dumps(receipts)
 
     # Both kinds match what /openapi.json says of a receipt.
-    validator = jsonschema.Draft202012Validator((await openapi_of(client))["components"]["schemas"]["ToolReceipt"])
+    validator = await receipt_validator(client)
     for receipt in receipts:
         validator.validate(receipt)
 
@@ -228,7 +234,7 @@ async def test_a_flood_of_tool_calls_gives_bounded_receipts(make_gateway: MakeGa
     calls, last = receipts[:-1], receipts[-1]
     assert len({r["toolCallId"] for r in calls}) == AGENT_RECEIPTS_PER_RUN
     assert {r["status"] for r in calls} == {"completed", "pending"}
-    validator = jsonschema.Draft202012Validator((await openapi_of(client))["components"]["schemas"]["ToolReceipt"])
+    validator = await receipt_validator(client)
     for receipt in receipts[-2:]:
         validator.validate(receipt)
     assert (last["status"], last["limit"], last["omittedCalls"], last["toolCallId"]) == (
@@ -265,9 +271,7 @@ async def test_huge_fields_are_cut(make_gateway: MakeGateway, tmp_path: Path) ->
     assert len(receipt["inputSummary"]) == INPUT_SUMMARY_CHARS + 1
     assert receipt["inputSummary"].startswith('{"text":"xxx')
     assert len(json.dumps(receipt)) < 5000
-    jsonschema.Draft202012Validator((await openapi_of(client))["components"]["schemas"]["ToolReceipt"]).validate(
-        receipt
-    )
+    (await receipt_validator(client)).validate(receipt)
 
 
 # -- unit level -----------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@ preference defaults come after validation, and a plugin can declare its routes t
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -12,10 +11,10 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from agent_gateway import ApiError, Identifier, NonBlankText, PluginError, PluginRoutes, Route, RouteResponse, hookimpl
-from agent_gateway.declare import declared_paths
-from agent_gateway.routes import agents, preferences, receipts, runs, sessions, workspaces
+from agent_gateway.declare import ERROR_RESPONSES, declared_paths
+from agent_gateway.mcp import http as mcp_http
+from agent_gateway.routes import agents, metrics, preferences, receipts, runs, sessions, system, workspaces
 from agent_gateway.routes.runs import CREATE_RUN
-from agent_gateway.routes.system import OPENAPI_PATH
 from tests._descriptors import ALICE, BOB, MakeClient, make_client_fixture, put_prefs  # noqa: F401
 from tests._harness import run_body
 from tests._sessions import ALICE as ALICE_TOKEN
@@ -91,9 +90,6 @@ async def test_agents_preferences_and_workspaces_are_declared(make_gateway: Any)
     client = await make_gateway()
     spec = await (await client.get("/openapi.json")).json()
     served_operations_are_the_declarations(spec, (*agents.DECLARED, *preferences.DECLARED, *workspaces.DECLARED))
-    # what gateway/openapi.json still writes by hand: only these
-    written = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))["paths"]
-    assert set(written) == {"/v1/health", "/openapi.json", "/metrics", "/v1/mcp"}
     for body in ({}, {"values": {}, "more": 1}, [1], {"value": {}}):
         error = await error_of(await client.put("/v1/preferences", json=body))
         assert error == {
@@ -106,6 +102,31 @@ async def test_agents_preferences_and_workspaces_are_declared(make_gateway: Any)
     assert fine.status == 200, await fine.text()
     unknown = await error_of(await client.get("/v1/agents/nope"), 404)
     assert unknown["code"] == "unknown_agent"
+
+
+def references(value: Any) -> set[str]:
+    if isinstance(value, dict):
+        found = {value["$ref"]} if isinstance(value.get("$ref"), str) else set()
+        return found.union(*(references(item) for item in value.values()))
+    if isinstance(value, list):
+        return set().union(*(references(item) for item in value))
+    return set()
+
+
+async def test_the_whole_core_document_is_declared(make_gateway: Any) -> None:
+    """Nothing is written by hand: health, the document itself, metrics and MCP are declared routes
+    too, and every reference the served document makes (plugins' included) resolves in it."""
+    client = await make_gateway({"pi_lab": {"enabled": True}}, tokens=TOKENS)
+    spec = await (await client.get("/openapi.json")).json()
+    assert spec["openapi"] == "3.1.0" and spec["security"] == [{"bearer": []}]
+    served_operations_are_the_declarations(spec, (*system.DECLARED, *metrics.DECLARED, *mcp_http.DECLARED))
+    assert set(spec["components"]["responses"]) == set(ERROR_RESPONSES.values())
+    for ref in references(spec):
+        section, name = ref.removeprefix("#/components/").split("/")
+        assert name in spec["components"][section], ref
+    # the paths a token is not needed for say so
+    assert spec["paths"]["/v1/health"]["get"]["security"] == [] == spec["paths"]["/openapi.json"]["get"]["security"]
+    assert spec["paths"]["/v1/mcp"]["post"]["security"] == [{"leaseToken": []}]
 
 
 async def test_hostile_run_requests_get_the_same_400s(make_gateway: Any) -> None:

@@ -25,6 +25,8 @@ from typing import Any
 
 from aiohttp import web
 
+from agent_gateway.api_models import JsonRpcError, JsonRpcMessage
+from agent_gateway.declare import Route, RouteResponse
 from agent_gateway.errors import parse_json_body
 from agent_gateway.mcp import MCP_PATH
 from agent_gateway.mcp.leases import LeaseError
@@ -56,6 +58,53 @@ def bearer_token(request: web.Request) -> str | None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     return token if scheme.lower() == "bearer" and token else None
+
+
+# Declared for the document only: the handlers check a message as JSON-RPC, refusing with its errors.
+SESSION_PARAMETER = {"name": SESSION_HEADER, "in": "header", "required": False, "schema": {"type": "string"}}
+LEASE_REFUSED = RouteResponse(
+    "No, unknown or expired lease token",
+    JsonRpcError,
+    headers={"WWW-Authenticate": {"required": True, "schema": {"type": "string"}}},
+)
+LEASE_TOKEN = {"security": [{"leaseToken": []}]}
+MCP_POST: Route[JsonRpcMessage, Any] = Route(
+    "POST",
+    MCP_PATH,
+    "The MCP surface (streamable HTTP, JSON responses) for agents; authorised by a run-scoped lease token, not an "
+    "actor token. GET is 405 (no server-initiated stream).",
+    operation_id="mcp",
+    body=JsonRpcMessage,
+    headers=(SESSION_PARAMETER,),
+    responses={
+        200: RouteResponse(
+            "JSON-RPC response(s); an initialize answer carries Mcp-Session-Id",
+            JsonRpcMessage,
+            headers={SESSION_HEADER: {"required": False, "schema": {"type": "string"}}},
+        ),
+        202: RouteResponse("Only notifications or responses: accepted, no body"),
+        400: RouteResponse("Not JSON, or not a JSON-RPC object or array", JsonRpcError),
+        401: LEASE_REFUSED,
+        404: RouteResponse("Unknown Mcp-Session-Id: initialize again", JsonRpcError),
+    },
+    errors=(403, 413, 503),
+    openapi=LEASE_TOKEN,
+)
+MCP_DELETE: Route[Any, Any] = Route(
+    "DELETE",
+    MCP_PATH,
+    "End an MCP session (Mcp-Session-Id)",
+    operation_id="mcpEndSession",
+    headers=(SESSION_PARAMETER,),
+    responses={
+        204: RouteResponse("Ended"),
+        401: LEASE_REFUSED,
+        404: RouteResponse("No or unknown Mcp-Session-Id", JsonRpcError),
+    },
+    errors=(400, 403, 503),
+    openapi=LEASE_TOKEN,
+)
+DECLARED: tuple[Route[Any, Any, Any], ...] = (MCP_POST, MCP_DELETE)
 
 
 def _unauthorized(message: Any, text: str) -> web.Response:
@@ -117,5 +166,5 @@ def setup(app: web.Application, mcp: McpSurface) -> None:
         del lease.sessions[session_id]
         return web.Response(status=204)
 
-    app.router.add_post(MCP_PATH, post)
-    app.router.add_delete(MCP_PATH, delete)
+    app.router.add_route(MCP_POST.method, MCP_POST.path, post)
+    app.router.add_route(MCP_DELETE.method, MCP_DELETE.path, delete)

@@ -4,18 +4,17 @@ actor (see agent_gateway.descriptors)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_gateway.api_models import AgentDescriptor
 from agent_gateway.auth import ACTOR_ID, Auth, identity
-from agent_gateway.declare import Route, RouteResponse, component
+from agent_gateway.declare import Route, RouteResponse
 from agent_gateway.descriptors import DESCRIPTORS_SCHEMA
 from agent_gateway.errors import ApiError
 from agent_gateway.preferences import Preferences
-
-AgentDescriptor = Annotated[dict[str, Any], component("AgentDescriptor")]
 
 
 class AgentDescriptors(BaseModel):
@@ -44,12 +43,7 @@ GET_AGENT: Route[Any, Any, AgentPath] = Route(
     "One agent descriptor (gateway.agent_descriptor.v1) for the calling actor",
     operation_id="getAgent",
     params=AgentPath,
-    responses={
-        200: RouteResponse(
-            "The descriptor",
-            content={"application/json": {"schema": {"$ref": "#/components/schemas/AgentDescriptor"}}},
-        )
-    },
+    responses={200: RouteResponse("The descriptor", AgentDescriptor)},
     errors=(400, 401, 403, 404, 503),
 )
 DECLARED: tuple[Route[Any, Any, Any], ...] = (LIST_AGENTS, GET_AGENT)

@@ -11,6 +11,7 @@ from aiohttp import web
 from agent_gateway.auth import ACTOR_ID, Auth
 from agent_gateway.bus import Bus
 from agent_gateway.cluster import Coordinator
+from agent_gateway.declare import Route, RouteResponse
 from agent_gateway.journal import Journal
 from agent_gateway.models import ACTIVE_STATUSES, TERMINAL_STATUSES
 from agent_gateway.server.loop_monitor import INTERVAL, LoopLagMonitor
@@ -33,6 +34,22 @@ class MetricSources:
     coordinator: Coordinator
     # The sandbox network's counters (egress connections denied, ...).
     sandbox_counters: Mapping[str, int]
+
+
+# (the served document drops its token requirement with `[auth] public_metrics` or no tokens)
+METRICS: Route[Any, Any] = Route(
+    "GET",
+    "/metrics",
+    "Prometheus text metrics; needs a token unless `[auth] public_metrics = true`",
+    operation_id="metrics",
+    responses={
+        200: RouteResponse(
+            "Prometheus text exposition (version 0.0.4)", content={"text/plain": {"schema": {"type": "string"}}}
+        )
+    },
+    errors=(400, 401, 403, 503),
+)
+DECLARED: tuple[Route[Any, Any, Any], ...] = (METRICS,)
 
 
 def render(sources: MetricSources) -> str:
@@ -150,4 +167,4 @@ def setup(app: web.Application, auth: Auth, sources: MetricSources) -> None:
             headers={"X-Content-Type-Options": "nosniff"},
         )
 
-    app.router.add_get("/metrics", metrics)
+    app.router.add_get(METRICS.path, metrics)

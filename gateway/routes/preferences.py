@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from agent_gateway import api_models
 from agent_gateway.auth import ACTOR_ID, Auth
 from agent_gateway.declare import Route, RouteResponse, component, refuse
 from agent_gateway.preferences import Preferences
@@ -28,13 +29,12 @@ class PreferencesUpdate(BaseModel):
         return body
 
 
-PREFERENCES = {"application/json": {"schema": {"$ref": "#/components/schemas/Preferences"}}}
 GET_PREFERENCES: Route[Any, Any] = Route(
     "GET",
     "/v1/preferences",
     "The calling actor's preferences (ai.common.*, ai.agent.<agentId>.*); secrets only as isSet",
     operation_id="getPreferences",
-    responses={200: RouteResponse("gateway.preferences.v1", content=PREFERENCES)},
+    responses={200: RouteResponse("gateway.preferences.v1", api_models.Preferences)},
     errors=(400, 401, 403, 503),
 )
 PUT_PREFERENCES: Route[PreferencesUpdate, Any] = Route(
@@ -43,7 +43,7 @@ PUT_PREFERENCES: Route[PreferencesUpdate, Any] = Route(
     "Merge preference values ({values: {key: value|null}}), validated against descriptor fields",
     operation_id="putPreferences",
     body=PreferencesUpdate,
-    responses={200: RouteResponse("What GET answers now", content=PREFERENCES)},
+    responses={200: RouteResponse("What GET answers now", api_models.Preferences)},
     errors=(400, 401, 403, 413, 415, 503),
 )
 DECLARED: tuple[Route[Any, Any, Any], ...] = (GET_PREFERENCES, PUT_PREFERENCES)

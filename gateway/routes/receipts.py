@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from agent_gateway.api_models import ToolReceipt
 from agent_gateway.auth import ACTOR_ID, Auth, run_resource
-from agent_gateway.declare import Route, RouteResponse, component
+from agent_gateway.declare import Route, RouteResponse
 from agent_gateway.errors import ApiError
 from agent_gateway.routes.runs import RUN_ERRORS, RunPath
 
@@ -27,7 +28,7 @@ class ToolReceipts(BaseModel):
     model_config = ConfigDict(defer_build=True)
     schema_: Literal["gateway.tool_receipts.v1"] = Field(alias="schema")
     hostRunId: str
-    receipts: list[Annotated[dict[str, Any], component("ToolReceipt")]]
+    receipts: list[ToolReceipt]
 
 
 RUN_RECEIPTS: Route[Any, Any, RunPath] = Route(

@@ -227,12 +227,7 @@ RUN_EVENTS: Route[Any, EventsQuery, RunPath] = Route(
     operation_id="getRunEvents",
     params=RunPath,
     query=EventsQuery,
-    responses={
-        200: RouteResponse(
-            "Events (gateway.run_events.v1)",
-            content={"application/json": {"schema": {"$ref": "#/components/schemas/EventPage"}}},
-        )
-    },
+    responses={200: RouteResponse("Events (gateway.run_events.v1)", api_models.EventPage)},
     errors=RUN_ERRORS,
 )
 RUN_WEBHOOK: Route[Any, Any, RunPath] = Route(
@@ -242,10 +237,7 @@ RUN_WEBHOOK: Route[Any, Any, RunPath] = Route(
     operation_id="getRunWebhook",
     params=RunPath,
     responses={
-        200: RouteResponse(
-            "Its delivery state (webhook null: the run has no webhook)",
-            content={"application/json": {"schema": {"$ref": "#/components/schemas/WebhookDelivery"}}},
-        )
+        200: RouteResponse("Its delivery state (webhook null: the run has no webhook)", api_models.WebhookDelivery)
     },
     errors=RUN_ERRORS,
 )

@@ -1,4 +1,4 @@
-"""/v1/health and /openapi.json."""
+"""/v1/health and /openapi.json (the document: agent_gateway.api_document)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,19 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
 
+from agent_gateway.api_document import core_document
+from agent_gateway.api_models import DOCUMENTED
 from agent_gateway.cluster import Coordinator
-from agent_gateway.declare import declared_paths, merge_components
+from agent_gateway.declare import Route, RouteResponse, merge_components
 from agent_gateway.descriptors import Descriptors, FieldSpec
-from agent_gateway.errors import ApiError
 from agent_gateway.journal import Journal
-from agent_gateway.routes import agents, preferences, receipts, runs, sessions, workspaces
+from agent_gateway.mcp import http as mcp_http
+from agent_gateway.routes import agents, metrics, preferences, receipts, runs, sessions, workspaces
 
 if TYPE_CHECKING:
     from agent_gateway.runs import RunManager
@@ -44,7 +46,6 @@ class SystemSources:
     coordinator: Coordinator
 
 
-OPENAPI_PATH = Path(__file__).resolve().parent.parent / "openapi.json"
 # How long readiness waits for the storage ping before reporting storage as down.
 HEALTH_PING_TIMEOUT_S = 3.0
 
@@ -66,12 +67,69 @@ def preference_schema(spec: FieldSpec) -> dict[str, Any]:
     return {**nullable, "description": spec.label}
 
 
+class HealthQuery(BaseModel):
+    # (a probe's other parameters are ignored, as they always were: load balancers add their own)
+    model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
+    probe: Literal["ready", "live"] = Field(
+        "ready",
+        description="`ready` (default): 200 when storage answers, 503 `degraded` when it does not; `live`: 200 "
+        "while the process serves HTTP",
+    )
+
+
+class Health(BaseModel):
+    """Readiness: `status` ok or degraded, storage up or down, the agents, active runs, pending journal writes
+    (and `cluster` when one instance of several); liveness: `status` and `probe`."""
+
+    model_config = DOCUMENTED
+    status: str
+
+
+class OpenApiDocument(BaseModel):
+    """An OpenAPI 3.1 document."""
+
+    model_config = DOCUMENTED
+    openapi: str
+    paths: dict[str, Any]
+
+
+HEALTH: Route[Any, HealthQuery] = Route(
+    "GET",
+    "/v1/health",
+    "Readiness (storage reachable); `?probe=live` answers liveness only. No auth.",
+    operation_id="health",
+    query=HealthQuery,
+    responses={
+        200: RouteResponse("Ready (or live)", Health),
+        503: RouteResponse(
+            "Not ready: storage is unreachable",
+            # (any JSON object: the connection limit's JSON error is a 503 too)
+            content={"application/json": {"schema": {"type": "object"}}},
+            headers={"Retry-After": {"required": False, "schema": {"type": "string"}}},
+        ),
+    },
+    errors=(400, 403),
+    openapi={"security": []},
+)
+OPENAPI: Route[Any, Any] = Route(
+    "GET",
+    "/openapi.json",
+    "This document; no auth",
+    operation_id="openapi",
+    responses={200: RouteResponse("OpenAPI 3.1", OpenApiDocument)},
+    errors=(400, 403, 503),
+    openapi={"security": []},
+)
+DECLARED: tuple[Route[Any, Any, Any], ...] = (HEALTH, OPENAPI)
+
+
 def core_spec() -> dict[str, Any]:
-    """The core's document before any plugin: the declared routes' operations and schemas
-    (gateway/declare.py), and the rest still written by hand (openapi.json)."""
-    spec = json.loads(OPENAPI_PATH.read_text(encoding="utf-8"))
-    paths, schemas = declared_paths(
+    """The core's document before any plugin, from the declarations (agent_gateway.api_document)."""
+    return core_document(
         (
+            *DECLARED,
+            *metrics.DECLARED,
+            *mcp_http.DECLARED,
             *runs.DECLARED,
             *receipts.DECLARED,
             *sessions.DECLARED,
@@ -80,10 +138,6 @@ def core_spec() -> dict[str, Any]:
             *workspaces.DECLARED,
         )
     )
-    for path, item in paths.items():
-        spec["paths"][path] = {**spec["paths"].get(path, {}), **item}
-    merge_components(spec["components"]["schemas"], schemas, "the core's declared routes")
-    return spec
 
 
 async def served_spec(
@@ -160,11 +214,8 @@ def setup(
     async def health(request: web.Request) -> web.Response:
         """Readiness (the default, or `?probe=ready`): 200 when storage answers, else 503
         `degraded`. Liveness (`?probe=live`): 200 while the process serves HTTP."""
-        probe = request.query.get("probe", "ready")
-        if probe == "live":
+        if request.rel_url.raw_query_string and HEALTH.parse_query(request).probe == "live":
             return web.json_response({"status": "ok", "probe": "live"})
-        if probe != "ready":
-            raise ApiError(400, "invalid_request", "probe must be 'ready' or 'live'")
         up = await storage_up()
         body: dict[str, Any] = {
             "status": "ok" if up else "degraded",
@@ -187,5 +238,5 @@ def setup(
             served["body"] = json.dumps(await served_spec(sources, spec, plugin_paths, plugin_schemas)).encode()
         return web.Response(body=served["body"], content_type="application/json")
 
-    app.router.add_get("/v1/health", health)
-    app.router.add_get("/openapi.json", openapi)
+    app.router.add_get(HEALTH.path, health)
+    app.router.add_get(OPENAPI.path, openapi)
