@@ -43,7 +43,6 @@ def _phrase(error: Mapping[str, Any]) -> str:
         "string_type": "must be a string",
         "string_too_short": "must be a non-empty string",
         "string_too_long": f"must be at most {ctx.get('max_length')} characters",
-        "string_pattern_mismatch": "must hold a visible character",
         "bool_type": "must be a boolean",
         "list_type": "must be a list",
         "too_short": f"must hold at least {ctx.get('min_length')} item(s)",
@@ -77,7 +76,7 @@ class OpenAIRequest(BaseModel):
 
     @classmethod
     def refusal(cls, error: Mapping[str, Any]) -> PydanticCustomError:
-        if error["type"] == "api_refusal":  # a validator's own (agent_gateway.refuse)
+        if error["type"] == "api_refusal":  # a validator's own (agent_gateway.refuse): kept whole
             ctx = error["ctx"]
             return refuse(ctx["code"], ctx["message"], **ctx["extra"])
         param = openai_param(error["loc"])
@@ -405,15 +404,17 @@ STREAMED_EVENTS = {
 }
 
 
-def _errors(**described: str) -> dict[int, RouteResponse]:
-    """The OpenAI error answers by status (``e401="..."``), with the ones every route has."""
-    common = {
-        "e401": "Tokens are configured and the request has no `Authorization: Bearer <token>` or an unknown one "
-        "(OpenAI error body).",
-        "e403": "Refused by the browser guard: a non-loopback Host or a disallowed origin (OpenAI error body).",
-        "e503": "The gateway's database is unreachable, or the gateway is stopping (OpenAI error body).",
-    }
-    return {int(key[1:]): RouteResponse(text, OpenAIError) for key, text in {**common, **described}.items()}
+COMMON_ERRORS = {
+    401: "Tokens are configured and the request has no `Authorization: Bearer <token>` or an unknown one (OpenAI "
+    "error body).",
+    403: "Refused by the browser guard: a non-loopback Host or a disallowed origin (OpenAI error body).",
+    503: "The gateway's database is unreachable, or the gateway is stopping (OpenAI error body).",
+}
+
+
+def _errors(described: Mapping[int, str]) -> dict[int | str, RouteResponse]:
+    """The OpenAI error answers by status: ``described``, and the ones every route has."""
+    return {status: RouteResponse(text, OpenAIError) for status, text in {**COMMON_ERRORS, **described}.items()}
 
 
 TAG = "openai-compatible (plugin)"
@@ -450,6 +451,20 @@ BAD_REQUEST = (
 )
 NO_RESPONSE = "No response with that id for the caller (`code` `response_not_found`)."
 
+CREATE_ERRORS = {
+    400: BAD_REQUEST,
+    404: "No agent with that id (`model_not_found`), or no such `previous_response_id` (`response_not_found`).",
+    409: "The `Idempotency-Key` was used before with a different request (`request_conflict`), or the session "
+    "still answers and the request's multitask strategy is `reject` (`session_busy`).",
+    413: "The body exceeds `[gateway] max_body_bytes` (OpenAI error body).",
+    415: "The body is not `application/json` (OpenAI error body).",
+    429: "Run admission refused: the session's queue or the caller's active runs are full; retry after "
+    "`Retry-After` seconds (OpenAI error body).",
+    503: "The gateway's database is unreachable, or the gateway is stopping (OpenAI error body). Or the agent cannot "
+    "run here (`code` `agent_unavailable`, `param` `model`; the message says what to install or set), with "
+    "`x-should-retry: false`.",
+}
+
 CREATE_RESPONSE: Route[ResponseCreateRequest, Any] = Route(
     "POST",
     "/v1/responses",
@@ -470,19 +485,7 @@ CREATE_RESPONSE: Route[ResponseCreateRequest, Any] = Route(
         200: RouteResponse(
             "The `response` object (JSON), or with `stream: true` its events (SSE)", ResponseObject, STREAMED_EVENTS
         ),
-        **_errors(
-            e400=BAD_REQUEST,
-            e404="No agent with that id (`model_not_found`), or no such `previous_response_id` (`response_not_found`).",
-            e409="The `Idempotency-Key` was used before with a different request (`request_conflict`), or the "
-            "session still answers and the request's multitask strategy is `reject` (`session_busy`).",
-            e413="The body exceeds `[gateway] max_body_bytes` (OpenAI error body).",
-            e415="The body is not `application/json` (OpenAI error body).",
-            e429="Run admission refused: the session's queue or the caller's active runs are full; retry after "
-            "`Retry-After` seconds (OpenAI error body).",
-            e503="The gateway's database is unreachable, or the gateway is stopping (OpenAI error body). Or the agent "
-            "cannot run here (`code` `agent_unavailable`, `param` `model`; the message says what to install or "
-            "set), with `x-should-retry: false`.",
-        ),
+        **_errors(CREATE_ERRORS),
     },
 )
 GET_RESPONSE: Route[Any, ResponseQuery, ResponsePath] = Route(
@@ -495,7 +498,7 @@ GET_RESPONSE: Route[Any, ResponseQuery, ResponsePath] = Route(
     query=ResponseQuery,
     responses={
         200: RouteResponse("The `response` object, or its events (SSE)", ResponseObject, STREAMED_EVENTS),
-        **_errors(e400=BAD_REQUEST, e404=NO_RESPONSE),
+        **_errors({400: BAD_REQUEST, 404: NO_RESPONSE}),
     },
 )
 CANCEL_RESPONSE: Route[Any, Any, ResponsePath] = Route(
@@ -510,6 +513,6 @@ CANCEL_RESPONSE: Route[Any, Any, ResponsePath] = Route(
             "The `response` object after the cancel (status `cancelled`, or the status it had already ended with)",
             ResponseObject,
         ),
-        **_errors(e404=NO_RESPONSE),
+        **_errors({404: NO_RESPONSE}),
     },
 )
