@@ -467,6 +467,80 @@ async def test_hostile_raw_bodies_get_openai_4xx(gateway: TestClient) -> None:
     assert set((await bad.json())["error"]) == {"message", "type", "param", "code"}
 
 
+HOSTILE_RESPONSE_BODIES: list[tuple[str, Any, str, str | None]] = [
+    ("a list body", [1, 2], "invalid_request", None),
+    ("model is a number", {"model": 7, "input": "x"}, "invalid_request", "model"),
+    ("empty input", {"model": "chat-only", "input": []}, "invalid_request", "input"),
+    ("an item is a string", {"model": "chat-only", "input": ["x"]}, "invalid_request", "input[0]"),
+    (
+        "content is a number",
+        {"model": "chat-only", "input": [{"role": "user", "content": 5}]},
+        "invalid_request",
+        "input[0].content",
+    ),
+    (
+        "a part's text is a number",
+        {"model": "chat-only", "input": [{"role": "user", "content": [{"type": "input_text", "text": 5}]}]},
+        "invalid_request",
+        "input[0].content[0].text",
+    ),
+    (
+        "a call without its id",
+        {"model": "chat-only", "input": [{"role": "user", "content": "q"}, {"type": "function_call", "name": "f"}]},
+        "invalid_request",
+        "input[1].call_id",
+    ),
+    (
+        "no user message",
+        {"model": "chat-only", "input": [{"role": "system", "content": "x"}]},
+        "invalid_request",
+        "input",
+    ),
+    ("blank message", {"model": "chat-only", "input": "  "}, "invalid_request", "input"),
+    (
+        "a hosted tool",
+        {"model": "chat-only", "input": "x", "tools": [{"type": "web_search"}]},
+        "tools_not_supported",
+        "tools[0]",
+    ),
+    (
+        "a nameless tool",
+        {"model": "chat-only", "input": "x", "tools": [{"type": "function", "name": ""}]},
+        "invalid_request",
+        "tools[0].name",
+    ),
+    (
+        "tool_choice is a word",
+        {"model": "chat-only", "input": "x", "tool_choice": "sometimes"},
+        "invalid_request",
+        "tool_choice",
+    ),
+    (
+        "text.format is yaml",
+        {"model": "chat-only", "input": "x", "text": {"format": {"type": "yaml"}}},
+        "invalid_request",
+        "text.format.type",
+    ),
+    ("metadata not strings", {"model": "chat-only", "input": "x", "metadata": {"a": 1}}, "invalid_request", "metadata"),
+    ("stream is a string", {"model": "chat-only", "input": "x", "stream": "yes"}, "invalid_request", "stream"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "code", "param"), HOSTILE_RESPONSE_BODIES, ids=[c[0] for c in HOSTILE_RESPONSE_BODIES]
+)
+async def test_hostile_response_bodies_get_openai_400s_naming_the_field(
+    gateway: TestClient, case: str, body: Any, code: str, param: str | None
+) -> None:
+    """The field is named as OpenAI names it (`input[0].content`), in `param` and the message."""
+    response = await gateway.post("/v1/responses", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status == 400, (case, await response.text())
+    error = (await response.json())["error"]
+    assert (error["type"], error["code"], error["param"]) == ("invalid_request_error", code, param)
+    if param is not None and case != "blank message":  # (that one says what is missing: some text)
+        assert error["message"].startswith(param)
+
+
 async def test_hostile_response_queries(gateway: TestClient, sdk: openai.AsyncOpenAI) -> None:
     done = await sdk.responses.create(model="chat-only", input="q")
     auth = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,6 +16,16 @@ from typing import Any
 
 from agent_gateway import ApiError
 
+from .responses_api import (
+    InputItem,
+    ResponseContentPart,
+    ResponseCreateRequest,
+    ResponseFunctionCall,
+    ResponseFunctionCallOutput,
+    ResponseInputMessage,
+    ResponseToolChoiceFunction,
+)
+
 CLIENT_TOOLS_CHOICES = ("reject", "ignore")
 IGNORED_HEADER = "X-Agent-Gateway-Ignored"
 MAX_TOOLS = 128
@@ -112,74 +122,44 @@ class ClientToolsRequest:
         request._note_fields("response_format")
         return request
 
-    # -- responses
+    # -- responses (a body its declaration has checked: responses_api)
     @classmethod
-    def from_responses(cls, body: dict[str, Any], items: list[Any], last_user: int) -> ClientToolsRequest:
+    def from_responses(cls, body: ResponseCreateRequest, items: list[InputItem], last_user: int) -> ClientToolsRequest:
         request = cls()
-        for index, tool in enumerate(_tool_list(body.get("tools"))):
-            param = f"tools[{index}]"
-            tool = _object(tool, param)
-            if tool.get("type") != "function":
-                kind = str(tool.get("type"))[:40]
-                message = f"{param}: only function tools are served here, not {kind!r}"
-                raise ApiError(400, "tools_not_supported", message, param=param)
-            function = {"name": _name(tool.get("name"), f"{param}.name")}
-            for key in ("description", "parameters", "strict"):
-                if tool.get(key) is not None:
-                    function[key] = tool[key]
+        for tool in body.tools or ():
+            function = tool.model_dump(include={"name", "description", "parameters", "strict"}, exclude_none=True)
             request.tools.append({"type": "function", "function": function})
-        choice = body.get("tool_choice")
-        if choice is not None:
-            if isinstance(choice, dict):
-                if choice.get("type") != "function":
-                    raise _bad("tool_choice must be 'auto', 'none', 'required' or a function", "tool_choice")
-                choice = {"type": "function", "function": {"name": _name(choice.get("name"), "tool_choice.name")}}
-            elif choice not in TOOL_CHOICES:
-                raise _bad("tool_choice must be 'auto', 'none', 'required' or a function", "tool_choice")
+        choice = body.tool_choice
+        if isinstance(choice, ResponseToolChoiceFunction):
+            request.tool_choice = {"type": "function", "function": {"name": choice.name}}
+        else:
             request.tool_choice = choice
-        request.parallel_tool_calls = _parallel(body)
-        text = body.get("text")
-        if text is not None:
-            fmt = _object(text, "text").get("format")
-            if fmt is not None:
-                fmt = _object(fmt, "text.format")
-                if fmt.get("type") == "json_schema":
-                    schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
-                    request.response_format = {"type": "json_schema", "json_schema": schema}
-                elif fmt.get("type") == "json_object":
-                    request.response_format = {"type": "json_object"}
-                elif fmt.get("type") != "text":
-                    raise _bad("text.format.type must be 'text', 'json_object' or 'json_schema'", "text.format")
+        request.parallel_tool_calls = body.parallel_tool_calls
+        fmt = body.text.format if body.text is not None else None
+        if fmt is not None and fmt.type == "json_schema":
+            keys = {"name", "schema_", "strict", "description"}
+            schema = fmt.model_dump(include=keys, exclude_unset=True, by_alias=True)
+            request.response_format = {"type": "json_schema", "json_schema": schema}
+        elif fmt is not None and fmt.type == "json_object":
+            request.response_format = {"type": "json_object"}
         request._responses_exchange(items, last_user)
         request._note_fields("text.format")
         return request
 
-    def _responses_exchange(self, items: list[Any], last_user: int) -> None:
+    def _responses_exchange(self, items: list[InputItem], last_user: int) -> None:
         calls: list[dict[str, Any]] = []
-        for index in range(last_user + 1, len(items)):
-            item = items[index]
-            param = f"input[{index}]"
-            kind = item.get("type", "message")
-            if kind == "function_call":
-                call = {"name": _name(item.get("name"), f"{param}.name"), "arguments": item.get("arguments", "")}
-                if not isinstance(call["arguments"], str):
-                    raise _bad(f"{param}.arguments must be a string", f"{param}.arguments")
-                call_id = item.get("call_id")
-                if not isinstance(call_id, str) or not call_id:
-                    raise _bad(f"{param}.call_id must be a string", f"{param}.call_id")
-                calls.append({"id": call_id, "type": "function", "function": call})
+        for item in items[last_user + 1 :]:
+            if isinstance(item, ResponseFunctionCall):
+                call = {"name": item.name, "arguments": item.arguments}
+                calls.append({"id": item.call_id, "type": "function", "function": call})
                 continue
             if calls:  # consecutive calls are one assistant message
                 self.messages.append({"role": "assistant", "content": None, "tool_calls": calls})
                 calls = []
-            if kind == "function_call_output":
-                output = item.get("output")
-                call_id = item.get("call_id")
-                if not isinstance(call_id, str) or not call_id:
-                    raise _bad(f"{param}.call_id must be a string", f"{param}.call_id")
-                self.messages.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(output)})
-            elif kind == "message" and item.get("role") == "assistant":
-                self.messages.append({"role": "assistant", "content": _text_of(item.get("content"))})
+            if isinstance(item, ResponseFunctionCallOutput):
+                self.messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text_of(item.output)})
+            elif isinstance(item, ResponseInputMessage) and item.role == "assistant":
+                self.messages.append({"role": "assistant", "content": _text_of(item.content)})
         if calls:
             self.messages.append({"role": "assistant", "content": None, "tool_calls": calls})
 
@@ -217,8 +197,14 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        return "".join(_part_text(part) for part in content)
     return "" if content is None else str(content)
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, ResponseContentPart):
+        return part.text or ""
+    return str(part.get("text", "")) if isinstance(part, dict) else ""
 
 
 def _chat_assistant(message: dict[str, Any], param: str) -> dict[str, Any]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .responses_api import InputItem, ResponseInputMessage
+
 CHAT_TEXT_PARTS = frozenset({"text"})
 INPUT_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
@@ -31,17 +33,9 @@ def chat_earlier(messages: list[Any], last_user: int) -> list[tuple[str, str]]:
     ]
 
 
-def input_earlier(value: Any) -> list[tuple[str, str]]:
+def input_earlier(items: list[InputItem]) -> list[tuple[str, str]]:
     """``(role, text)`` of the message items of a response's ``input`` before its last user
-    message (none for a string input)."""
-    if not isinstance(value, list):
-        return []
-    last_user = 0
-    for index, item in enumerate(value):
-        if isinstance(item, dict) and item.get("role") == "user" and item.get("type", "message") == "message":
-            last_user = index
-    return [
-        (str(item.get("role")), _text(item.get("content"), INPUT_TEXT_PARTS))
-        for item in value[:last_user]
-        if isinstance(item, dict) and item.get("type", "message") == "message"
-    ]
+    message (none for a string input: no items)."""
+    messages = [item for item in items if isinstance(item, ResponseInputMessage)]
+    last_user = max((i for i, item in enumerate(messages) if item.role == "user"), default=0)
+    return [(item.role, item.text(INPUT_TEXT_PARTS)) for item in messages[:last_user]]

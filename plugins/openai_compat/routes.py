@@ -18,12 +18,13 @@ import json
 import re
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from agent_gateway import ApiError, ConversationPlan, Event, PluginRoutes, Run, read_json
+from agent_gateway import ApiError, ConversationPlan, Event, PluginRoutes, Route, Run, read_json
 
 from .client_tools import IGNORED_HEADER, ClientToolsRequest
 from .conversation import chat_earlier, input_earlier
@@ -34,6 +35,17 @@ from .mapping import (
     ChatCompletion,
     ResponseStream,
     client_tool_call,
+)
+from .responses_api import (
+    CANCEL_RESPONSE,
+    CREATE_RESPONSE,
+    GET_RESPONSE,
+    InputItem,
+    ResponseCreateRequest,
+    ResponseFunctionCall,
+    ResponseFunctionCallOutput,
+    ResponseInputMessage,
+    ResponseItemReference,
 )
 
 SESSION_HEADER = "X-Agent-Gateway-Session"
@@ -49,7 +61,8 @@ MAX_REFERENCES = 200
 MESSAGE_ITEM_PREFIX = "msg_"
 # What /openapi.json declares: a text holds a character no regex dialect counts as white space.
 VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
-_DIGITS = re.compile(r"[0-9]{1,18}")
+# The parts of a response's last user message that are its text (earlier turns count output_text too).
+INPUT_USER_PARTS = frozenset({"input_text", "text"})
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "openapi.json").read_text(encoding="utf-8")
@@ -335,79 +348,68 @@ class OpenAIRoutes:
         return web.json_response(result, headers=headers)
 
     # -- /v1/responses --------------------------------------------------------------------------------
-    def _input_text(self, body: dict[str, Any]) -> str:
-        value = body.get("input")
-        if isinstance(value, str):
-            return _message(value, "input")
-        if not isinstance(value, list) or not value:
-            raise invalid("input must be a string or a non-empty list of input items", "input")
-        last_user = None
-        for index, item in enumerate(value):
-            if not isinstance(item, dict):
-                raise invalid(f"input[{index}] must be an object", f"input[{index}]")
-            if item.get("role") == "user" and item.get("type", "message") == "message":
-                text = _content_text(item.get("content"), f"input[{index}].content", frozenset({"input_text", "text"}))
-                last_user = (text, index)
-        if last_user is None:
+    @staticmethod
+    def _last_user(items: list[InputItem]) -> int:
+        """The index of the last user message among ``items``, or -1."""
+        users = (i for i, item in enumerate(items) if isinstance(item, ResponseInputMessage) and item.role == "user")
+        return max(users, default=-1)
+
+    def _input_text(self, body: ResponseCreateRequest) -> str:
+        if isinstance(body.input, str):
+            return _message(body.input, "input")
+        last_user = self._last_user(body.input)
+        if last_user < 0:
             raise invalid("input must hold a user message", "input")
-        return _message(last_user[0], f"input[{last_user[1]}].content")
+        item = body.input[last_user]
+        assert isinstance(item, ResponseInputMessage)  # (what _last_user finds)
+        return _message(item.text(INPUT_USER_PARTS), f"input[{last_user}].content")
 
-    def _responses_tools(self, body: dict[str, Any]) -> ClientToolsRequest:
-        items = body.get("input")
-        if not isinstance(items, list):
-            return ClientToolsRequest.from_responses(body, [], -1)
-        users = (
-            i for i, item in enumerate(items) if item.get("role") == "user" and item.get("type", "message") == "message"
-        )
-        last_user = max(users, default=-1)
-        return ClientToolsRequest.from_responses(body, items, last_user)
-
-    async def _tool_results_only(self, request: web.Request, body: dict[str, Any]) -> tuple[str, Run] | None:
+    async def _tool_results_only(self, request: web.Request, body: ResponseCreateRequest) -> tuple[str, Run] | None:
         """A response continued by ``previous_response_id`` whose input holds tool results and no
         user message (a client that lets the server keep the conversation): the earlier
         response's question and run, whose function calls these results answer; else None."""
-        items, previous = body.get("input"), body.get("previous_response_id")
-        if not isinstance(previous, str) or not isinstance(items, list) or not items:
+        items, previous = body.items, body.previous_response_id
+        if previous is None or not items:
             return None
-        if not all(isinstance(item, dict) for item in items):
+        if any(isinstance(item, ResponseInputMessage) and item.role == "user" for item in items):
             return None
-        if any(item.get("role") == "user" for item in items):
-            return None
-        if not any(item.get("type") == "function_call_output" for item in items):
+        if not any(isinstance(item, ResponseFunctionCallOutput) for item in items):
             return None
         run = await self._run_of_response(request, previous, "previous_response_id")
         return str(run.request.get("message", "")), run
 
-    async def _earlier_calls(self, run: Run) -> list[dict[str, Any]]:
+    async def _earlier_calls(self, run: Run) -> list[InputItem]:
         """The ``function_call`` input items of the client tools ``run``'s model asked for."""
-        calls = []
+        calls: list[InputItem] = []
         for event in await self._all_events(run):
             call = client_tool_call(event.payload) if event.kind == CLIENT_TOOL_CALL else None
-            if call is not None:
-                calls.append({"type": "function_call", "call_id": call["id"], **call})
+            if call is not None:  # (the gateway's own record: not validated again)
+                item = ResponseFunctionCall.model_construct(
+                    type="function_call", call_id=call["id"], name=call["name"], arguments=call["arguments"]
+                )
+                calls.append(item)
         return calls
 
-    async def _referenced(self, request: web.Request, value: Any) -> Any:
-        """``input`` with each ``item_reference`` to one of the caller's answers (``msg_<run>``)
+    async def _referenced(self, request: web.Request, items: list[InputItem]) -> list[InputItem]:
+        """``items`` with each ``item_reference`` to one of the caller's answers (``msg_<run>``)
         replaced by that message item. A client that lets the server store its items (the Vercel AI
         SDK's OpenAI provider, ``store`` on by default) resends earlier answers as references only:
         resolved, they count as the history for conversation affinity. Other references (unknown,
         another actor's, not a message) stay as sent and are ignored, as before."""
-        if not isinstance(value, list):
-            return value
-        resolved: list[Any] = []
-        answers: dict[str, dict[str, Any]] = {}
+        resolved: list[InputItem] = []
+        answers: dict[str, ResponseInputMessage] = {}
         looked_up: set[str] = set()
-        for item in value:
-            reference = item.get("id") if isinstance(item, dict) and item.get("type") == "item_reference" else None
-            if isinstance(reference, str) and reference.startswith(MESSAGE_ITEM_PREFIX):
+        for item in items:
+            reference = item.id if isinstance(item, ResponseItemReference) else None
+            if reference is not None and reference.startswith(MESSAGE_ITEM_PREFIX):
                 # each lookup reads a run's journal: bounded per request
                 if reference not in looked_up and len(looked_up) < MAX_REFERENCES:
                     looked_up.add(reference)
                     run = await self.routes.run(reference.removeprefix(MESSAGE_ITEM_PREFIX), self.routes.actor(request))
                     if run is not None:
                         for output in self._response(run, await self._all_events(run))["output"]:
-                            answers[output["id"]] = output
+                            if output.get("type") == "message":
+                                answers[output["id"]] = ResponseInputMessage.model_validate(output)
                 item = answers.get(reference, item)
             resolved.append(item)
         return resolved
@@ -421,46 +423,43 @@ class OpenAIRoutes:
         return body
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        agent = await self._model(body)
+        raw = await read_json(request)
+        body = CREATE_RESPONSE.parse_body(raw)
+        await self._available(body.model)
+        agent = body.model
         continued = await self._tool_results_only(request, body)
         if continued is None:
-            message, asked = self._input_text(body), self._responses_tools(body)
+            message = self._input_text(body)
+            asked = ClientToolsRequest.from_responses(body, body.items, self._last_user(body.items))
         else:
             message, earlier = continued
-            items = [*await self._earlier_calls(earlier), *body["input"]]
-            asked = ClientToolsRequest.from_responses(body, items, -1)
+            asked = ClientToolsRequest.from_responses(body, [*await self._earlier_calls(earlier), *body.items], -1)
         options, ignored = self._client_tools(agent, asked)
-        stream = bool(_optional(body, "stream", bool, "a boolean"))
-        background = bool(_optional(body, "background", bool, "a boolean"))
-        previous = _optional(body, "previous_response_id", str, "a string")
         fallback = None
-        if previous is not None:
-            fallback = (await self._run_of_response(request, previous, "previous_response_id")).session_id
-        history = input_earlier(await self._referenced(request, body.get("input")))
-        plan = await self._conversation(request, agent, body, history, fallback)
-        run = await self._create_for(request, agent, plan, body, message, options)
+        if body.previous_response_id is not None:
+            previous = await self._run_of_response(request, body.previous_response_id, "previous_response_id")
+            fallback = previous.session_id
+        history = input_earlier(await self._referenced(request, body.items))
+        # (the shared session and run helpers read the body as sent, which the declaration checked)
+        plan = await self._conversation(request, agent, raw, history, fallback)
+        run = await self._create_for(request, agent, plan, raw, message, options)
         self.routes.follow_conversation(run, plan, message)
         headers = _session_headers(run, plan)
         if ignored:
             headers[IGNORED_HEADER] = ", ".join(ignored)
-        if stream:
+        if body.stream:
             encoder = ResponseStream(run, reasoning=self.reasoning, ignored=ignored)
             return await self.routes.stream(request, run, encode=encoder.encode, merge_deltas=False, headers=headers)
-        if not background:
+        if not body.background:
             run = await self.routes.wait_run(run)
         return web.json_response(self._response(run, await self._all_events(run), ignored), headers=headers)
 
     async def get_response(self, request: web.Request) -> web.StreamResponse:
-        run = await self._run_of_response(request, request.match_info["response_id"])
-        stream = request.query.get("stream", "false")
-        if stream not in ("true", "false"):
-            raise invalid("stream must be true or false", "stream")
-        starting_after = request.query.get("starting_after")
-        if starting_after is not None and not _DIGITS.fullmatch(starting_after):
-            raise invalid("starting_after must be a sequence number (0 or more)", "starting_after")
-        if stream == "true":
-            after = int(starting_after) if starting_after is not None else -1
+        path = GET_RESPONSE.parse_path(request)
+        run = await self._run_of_response(request, path.response_id)
+        query = GET_RESPONSE.parse_query(request)
+        if query.stream:
+            after = query.starting_after if query.starting_after is not None else -1
             encoder = ResponseStream(run, reasoning=self.reasoning, starting_after=after)
             if after >= 0 and run.is_terminal:  # an ended run may be compacted: cut inside a delta?
                 point = ResponseStream(run, reasoning=self.reasoning).resume_point(await self._all_events(run), after)
@@ -473,7 +472,7 @@ class OpenAIRoutes:
         return web.json_response(self._response(run, await self._all_events(run)))
 
     async def cancel_response(self, request: web.Request) -> web.Response:
-        run = await self._run_of_response(request, request.match_info["response_id"])
+        run = await self._run_of_response(request, CANCEL_RESPONSE.parse_path(request).response_id)
         await self.routes.cancel_run(run.host_run_id, run.actor_id)
         run = await self.routes.wait_run(run)  # the cancel grace bounds this
         return web.json_response(self._response(run, await self._all_events(run)))
@@ -502,10 +501,14 @@ def setup(routes: PluginRoutes, *, reasoning: bool, client_tools: str = "reject"
         ("GET", "/v1/models", handlers.list_models),
         ("GET", "/v1/models/{model}", handlers.get_model),
         ("POST", "/v1/chat/completions", handlers.chat_completions),
-        ("POST", "/v1/responses", handlers.create_response),
-        ("GET", "/v1/responses/{response_id}", handlers.get_response),
-        ("POST", "/v1/responses/{response_id}/cancel", handlers.cancel_response),
     ]
     for method, path, handler in table:
         operation = OPENAPI_PATHS[path][method.lower()]
         routes.add(method, path, handler, openapi=operation, error_shape=openai_error)
+    declared: list[tuple[Route[Any, Any, Any], Handler]] = [
+        (CREATE_RESPONSE, handlers.create_response),
+        (GET_RESPONSE, handlers.get_response),
+        (CANCEL_RESPONSE, handlers.cancel_response),
+    ]
+    for route, handler in declared:
+        routes.add(replace(route, error_shape=openai_error), handler)
