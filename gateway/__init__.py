@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "RouteResponse": "agent_gateway.declare",
     "NonBlankText": "agent_gateway.declare",
     "Identifier": "agent_gateway.declare",
+    "refuse": "agent_gateway.declare",
+    "json_path": "agent_gateway.declare",
     # what gateway_startup / gateway_shutdown get
     "GatewayContext": "agent_gateway.lifecycle",
     # who is calling (the authenticate and authorize hooks)
@@ -134,6 +136,8 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "RouteResponse",
     "NonBlankText",
     "Identifier",
+    "refuse",
+    "json_path",
     "GatewayContext",
     "Actor",
     "bearer_token",
@@ -186,7 +190,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner
     from agent_gateway.config import Config
-    from agent_gateway.declare import Identifier, NonBlankText, Route, RouteResponse
+    from agent_gateway.declare import Identifier, NonBlankText, Route, RouteResponse, json_path, refuse
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, PluginError, read_json
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl

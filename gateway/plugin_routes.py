@@ -90,7 +90,7 @@ class PluginRoutes:
 
     # -- declaring routes (only while register_routes runs) -----------------------------------------
     @overload
-    def add(self, route: Route[Any, Any], handler: Handler, /) -> None: ...
+    def add(self, route: Route[Any, Any, Any], handler: Handler, /) -> None: ...
 
     @overload
     def add(
@@ -105,7 +105,7 @@ class PluginRoutes:
 
     def add(
         self,
-        method: str | Route[Any, Any],
+        method: str | Route[Any, Any, Any],
         path: str | Handler,
         handler: Handler | None = None,
         *,

@@ -11,6 +11,7 @@ declared. The response models document what the handlers build (as dicts, on the
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,16 +22,21 @@ from pydantic import (
     Field,
     PrivateAttr,
     Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
-from agent_gateway import Route, RouteResponse
-from agent_gateway.declare import VISIBLE, VISIBLE_PATTERN, json_path, refuse
+from agent_gateway import Route, RouteResponse, json_path, refuse
 
 from .client_tools import MAX_TOOLS, TOOL_CHOICES
 
+# The core's rule for text (NonBlankText): a character no regex dialect counts as white space.
+VISIBLE_PATTERN = r"[^\s\u001c-\u001f\u0085\ufeff]"
+VISIBLE = re.compile(VISIBLE_PATTERN)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_TOOL_NAME = 200
 MAX_ID_LENGTH = 200
@@ -264,16 +270,21 @@ def _model(value: Any) -> Any:
     return value
 
 
-def _messages(value: Any) -> Any:
-    """A non-empty list of objects with a known role (refused at the role, as OpenAI does)."""
+def _messages(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A non-empty list of messages; one without a known role is refused at its role, as OpenAI
+    does (looked for only in a refusal: a long conversation is not walked twice)."""
     if not isinstance(value, list) or not value:
         raise _wrong("messages", "must be a non-empty list")
-    for index, item in enumerate(value):
-        if not isinstance(item, dict) or item.get("role") not in CHAT_ROLES:
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        if first["type"] == "message_role":
+            index = first["loc"][0]
             raise refuse(
                 "invalid_request", f"messages[{index}] must be an object with a role", param=f"messages[{index}].role"
-            )
-    return value
+            ) from None
+        raise
 
 
 class ChatCompletionRequest(BaseModel):
@@ -289,7 +300,7 @@ class ChatCompletionRequest(BaseModel):
             "agent (the gateway session is its memory): they choose the session when the request names none.",
             json_schema_extra={"contains": {"type": "object", "properties": {"role": {"const": "user"}}}},
         ),
-        BeforeValidator(_messages),
+        WrapValidator(_messages),
     ]
     stream: bool | None = None
     stream_options: ChatStreamOptions | None = None
@@ -315,7 +326,8 @@ class ChatCompletionRequest(BaseModel):
 
     @model_validator(mode="after")
     def _a_user_message_with_text(self) -> ChatCompletionRequest:
-        last = max((i for i, message in enumerate(self.messages) if message.role == "user"), default=-1)
+        messages = self.messages
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), -1)
         if last < 0:  # (a refusal of the whole model would name no field: named here)
             raise refuse("invalid_request", "messages must hold a user message", param="messages")
         if not VISIBLE.search(self.messages[last].text()):

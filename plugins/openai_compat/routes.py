@@ -25,7 +25,7 @@ from aiohttp import web
 
 from agent_gateway import ApiError, ConversationPlan, Event, PluginRoutes, Run, read_json
 
-from .chat_api import CHAT_COMPLETIONS, GET_MODEL, LIST_MODELS, openai_error
+from .chat_api import CHAT_COMPLETIONS, GET_MODEL, LIST_MODELS, VISIBLE, openai_error
 from .client_tools import IGNORED_HEADER, ClientToolsRequest
 from .conversation import chat_earlier, input_earlier
 from .mapping import (
@@ -48,8 +48,6 @@ MAX_EVENT_PAGES = 2000
 # `item_reference`s to the gateway's own answers resolved per response request (affinity)
 MAX_REFERENCES = 200
 MESSAGE_ITEM_PREFIX = "msg_"
-# What /openapi.json declares: a text holds a character no regex dialect counts as white space.
-VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
 _DIGITS = re.compile(r"[0-9]{1,18}")
 # The routes not declared yet (chat_api.py declares /v1/models and /v1/chat/completions).
 OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
