@@ -349,18 +349,19 @@ class ChatCompletionRequest(BaseModel):
 
 
 # -- responses ---------------------------------------------------------------------------------------
+# (the same schemas as responses_api.py's on the wip-oaresp branch: one component each once merged)
 class OpenAIErrorDetail(BaseModel):
-    model_config = RESPONSE
+    model_config = ConfigDict(defer_build=True)
     message: str
-    type: str = Field(description="`invalid_request_error`, `authentication_error`, `server_error`, ...")
-    param: str | None = Field(description="the request field at fault (`messages[0].content`)")
+    type: str
+    param: str | None
     code: str | None
 
 
 class OpenAIError(BaseModel):
-    """OpenAI's error body."""
+    """An OpenAI error body."""
 
-    model_config = RESPONSE
+    model_config = ConfigDict(defer_build=True)
     error: OpenAIErrorDetail
 
 
