@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "NonBlankText": "agent_gateway.declare",
     "Identifier": "agent_gateway.declare",
     "refuse": "agent_gateway.declare",
+    "json_path": "agent_gateway.declare",
     # what gateway_startup / gateway_shutdown get
     "GatewayContext": "agent_gateway.lifecycle",
     # who is calling (the authenticate and authorize hooks)
@@ -136,6 +137,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "NonBlankText",
     "Identifier",
     "refuse",
+    "json_path",
     "GatewayContext",
     "Actor",
     "bearer_token",
@@ -188,7 +190,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner
     from agent_gateway.config import Config
-    from agent_gateway.declare import Identifier, NonBlankText, Route, RouteResponse, refuse
+    from agent_gateway.declare import Identifier, NonBlankText, Route, RouteResponse, json_path, refuse
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, PluginError, read_json
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl

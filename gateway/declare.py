@@ -12,7 +12,7 @@ The core declares its routes here; a plugin passes its own to ``routes.add(route
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, Literal
 
@@ -135,6 +135,28 @@ def model_schemas(
     return {"$ref": COMPONENT_REF.format(model=model.__name__)}, components
 
 
+# How a refusal names a field from pydantic's location of the error (``("messages", 0, "content")``).
+FieldPath = Callable[[Sequence[int | str]], str]
+
+
+def dotted(location: Sequence[int | str]) -> str:
+    """``messages.0.content``: the gateway's own form (``field`` of its 400s)."""
+    return ".".join(str(part) for part in location)
+
+
+def json_path(location: Sequence[int | str]) -> str:
+    """``messages[0].content``: the form of JSON paths and of OpenAI's ``param``. A segment written
+    ``<name>`` is a tagged union's member (pydantic puts a member's tag in the location; tag the
+    members so: ``Tag("<user>")``) and is left out: it names no field of the JSON."""
+    out = ""
+    for part in location:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not (part.startswith("<") and part.endswith(">")):
+            out += f".{part}" if out else part
+    return out
+
+
 def _phrase(error: Mapping[str, Any]) -> str:
     """What is wrong with one field, in the words of the gateway's earlier messages."""
     kind, ctx = error["type"], error.get("ctx") or {}
@@ -169,9 +191,11 @@ def refuse(code: str, message: str, **extra: Any) -> PydanticCustomError:
     return PydanticCustomError(REFUSAL, "{message}", {"message": message, "code": code, "extra": extra})
 
 
-def problem(exc: ValidationError, what: str = "the body") -> ApiError:
+def problem(exc: ValidationError, what: str = "the body", field_path: FieldPath | None = None) -> ApiError:
     """The ``400`` of a refused body, query or path: a validator's own refusal (:func:`refuse`), or
-    ``invalid_request`` naming the first bad field (also in ``field``), or all its unknown fields."""
+    ``invalid_request`` naming the first bad field (also in ``field``; written by ``field_path``,
+    :func:`dotted` by default), or all its unknown fields."""
+    name = field_path or dotted
     errors = exc.errors(include_url=False, include_input=False)
     for error in errors:
         if error["type"] == "extra_forbidden":
@@ -179,31 +203,33 @@ def problem(exc: ValidationError, what: str = "the body") -> ApiError:
         if error["type"] == REFUSAL:
             ctx = error["ctx"]
             return ApiError(400, ctx["code"], ctx["message"], **ctx["extra"])
-        location = ".".join(str(part) for part in error["loc"])
+        location = name(error["loc"])
         if not location:  # the whole value: not an object at all
             return ApiError(400, "invalid_request", f"{what} must be a JSON object")
         return ApiError(400, "invalid_request", f"{location} {_phrase(error)}", field=location)
-    unknown = sorted(".".join(str(part) for part in error["loc"]) for error in errors)
+    unknown = sorted(name(error["loc"]) for error in errors)
     noun = "query parameter(s)" if what == "the query" else "field(s)"
     return ApiError(400, "invalid_request", f"unknown {noun}: {', '.join(unknown)[:MAX_UNKNOWN_LISTED]}")
 
 
-def parse_model(model: type[M], value: Any, what: str = "the body") -> M:
+def parse_model(model: type[M], value: Any, what: str = "the body", field_path: FieldPath | None = None) -> M:
     """``value`` (parsed JSON) as ``model``, or ``400 invalid_request`` naming the bad field."""
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        raise problem(exc, what) from None
+        raise problem(exc, what, field_path) from None
 
 
 @dataclass(frozen=True)
 class RouteResponse:
     """One status of an operation: its description and body model (JSON), and anything else
-    the document says of it as OpenAPI (other media types, headers, links)."""
+    the document says of it as OpenAPI (other media types, headers, links). A media type of
+    ``content`` may be given as a model (``{"text/event-stream": Frame}``): its schema by
+    reference, as for ``model``."""
 
     description: str
     model: type[BaseModel] | None = None
-    content: Mapping[str, Any] = field(default_factory=dict)
+    content: Mapping[str, Mapping[str, Any] | type[BaseModel]] = field(default_factory=dict)
     headers: Mapping[str, Any] = field(default_factory=dict)
     links: Mapping[str, Any] = field(default_factory=dict)
 
@@ -215,7 +241,12 @@ class RouteResponse:
         if self.model is not None:
             ref, components = model_schemas(self.model, "serialization")
             content["application/json"] = {"schema": ref}
-        content.update(self.content)
+        for media_type, given in self.content.items():
+            if isinstance(given, type):  # a model: its schema, by reference
+                ref, needed = model_schemas(given, "serialization")
+                merge_components(components, needed, f"response {self.description!r}")
+                given = {"schema": ref}
+            content[media_type] = given
         if content:
             item["content"] = content
         if self.headers:
@@ -253,6 +284,7 @@ class Route(Generic[B, Q, P]):
     responses: Mapping[int | str, RouteResponse] = field(default_factory=dict)
     errors: tuple[int, ...] = ()
     error_shape: ErrorShape | None = None
+    field_path: FieldPath | None = None
     openapi: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -266,7 +298,7 @@ class Route(Generic[B, Q, P]):
         """``body`` (parsed JSON) as the declared model, or ``400 invalid_request`` naming the field."""
         if self.body is None:
             raise TypeError(f"route {self.method} {self.path} declares no body")
-        return parse_model(self.body, body)
+        return parse_model(self.body, body, field_path=self.field_path)
 
     async def read_body(self, request: web.Request) -> B:
         """The request's JSON body (``agent_gateway.read_json``'s checks) as the declared model."""
@@ -280,13 +312,13 @@ class Route(Generic[B, Q, P]):
         if self.query is None:
             raise TypeError(f"route {self.method} {self.path} declares no query")
         values = dict(request.query) if request.rel_url.raw_query_string else {}
-        return parse_model(self.query, values, "the query")
+        return parse_model(self.query, values, "the query", self.field_path)
 
     def parse_path(self, request: web.Request) -> P:
         """The path's variables as the declared model, or ``400`` (the model's refusal)."""
         if self.params is None:
             raise TypeError(f"route {self.method} {self.path} declares no path variables")
-        return parse_model(self.params, dict(request.match_info), "the path")
+        return parse_model(self.params, dict(request.match_info), "the path", self.field_path)
 
     # -- the document's half --------------------------------------------------------------------------
     @property

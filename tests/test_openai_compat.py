@@ -19,6 +19,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestClient
 
+from agent_gateway.plugins.openai_compat import chat_api
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import WAIT, MakeGateway, gateway_of
 from tests._openai import (
@@ -431,6 +432,33 @@ HOSTILE_BODIES: list[tuple[str, Any, str | None]] = [
     ("deep JSON", {"model": "chat-only", "messages": [{"role": "user", "content": "x"}], "tools": _deep(200)}, None),
     ("NUL in text", {"model": "chat-only", "messages": [{"role": "user", "content": "a\u0000b"}]}, None),
     ("a list body", [1, 2], None),
+    # a field deep in the body is named as OpenAI names it
+    (
+        "a part's text is a number",
+        {"model": "chat-only", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+        "messages[0].content[0].text",
+    ),
+    (
+        "a part without a type",
+        {"model": "chat-only", "messages": [{"role": "user", "content": ["hi"]}]},
+        "messages[0].content[0]",
+    ),
+    (
+        "an earlier tool call's arguments are an object",
+        {
+            "model": "chat-only",
+            "messages": [
+                {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {}}}]},
+                {"role": "user", "content": "x"},
+            ],
+        },
+        "messages[0].tool_calls[0].function.arguments",
+    ),
+    (
+        "include_usage is a number",
+        {"model": "chat-only", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}},
+        "stream_options.include_usage",
+    ),
 ]
 
 
@@ -445,6 +473,43 @@ async def test_hostile_chat_bodies_get_openai_400s(
     assert error["type"] == "invalid_request_error"
     if param is not None:
         assert error["param"] == param
+
+
+async def test_a_blank_last_user_message_is_named_and_ignored_fields_pass(gateway: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    blank = {"model": "chat-only", "messages": [{"role": "user", "content": "q"}, {"role": "user", "content": " "}]}
+    response = await gateway.post("/v1/chat/completions", json=blank, headers=auth)
+    error = (await response.json())["error"]
+    assert (response.status, error["param"]) == (400, "messages[1].content")
+    assert error["message"] == "the last user message must hold some text"
+    # fields OpenAI clients send and the gateway ignores are accepted; only text parts are the message
+    body = {
+        "model": "chat-only",
+        "temperature": 0.2,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}]}
+        ],
+    }
+    answer = await gateway.post("/v1/chat/completions", json=body, headers=auth)
+    assert answer.status == 200, await answer.text()
+    assert (await answer.json())["choices"][0]["message"]["content"] == expected_answer("chat-only", "hi")
+
+
+async def test_the_served_chat_and_model_operations_are_the_declarations(gateway: TestClient) -> None:
+    spec = await (await gateway.get("/openapi.json")).json()
+    for route in chat_api.DECLARED:
+        operation, schemas = route.openapi_operation()
+        assert spec["paths"][route.openapi_path][route.method.lower()] == operation, route.path
+        for name, schema in schemas.items():
+            assert spec["components"]["schemas"][name] == schema, name
+    written = json.loads((Path(chat_api.__file__).parent / "openapi.json").read_text(encoding="utf-8"))["paths"]
+    assert not {route.openapi_path for route in chat_api.DECLARED} & set(written)
+    # the streamed chunk is documented, and an error body on every status but 200
+    responses = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert "text/event-stream" in responses["200"]["content"]
+    for status, response in responses.items():
+        if status != "200":
+            assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/OpenAIError"}
 
 
 async def test_hostile_raw_bodies_get_openai_4xx(gateway: TestClient) -> None:

@@ -14,18 +14,17 @@ run's journal through :mod:`.mapping`'s encoders, so every response can be resum
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from agent_gateway import ApiError, ConversationPlan, Event, PluginRoutes, Route, Run, read_json
 
+from .chat_api import CHAT_COMPLETIONS, GET_MODEL, LIST_MODELS, VISIBLE, openai_error
 from .client_tools import IGNORED_HEADER, ClientToolsRequest
 from .conversation import chat_earlier, input_earlier
 from .mapping import (
@@ -59,30 +58,8 @@ MAX_EVENT_PAGES = 2000
 # `item_reference`s to the gateway's own answers resolved per response request (affinity)
 MAX_REFERENCES = 200
 MESSAGE_ITEM_PREFIX = "msg_"
-# What /openapi.json declares: a text holds a character no regex dialect counts as white space.
-VISIBLE = re.compile(r"[^\s\u001c-\u001f\u0085\ufeff]")
 # The parts of a response's last user message that are its text (earlier turns count output_text too).
 INPUT_USER_PARTS = frozenset({"input_text", "text"})
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-OPENAPI_PATHS: dict[str, dict[str, Any]] = json.loads(
-    (Path(__file__).parent / "openapi.json").read_text(encoding="utf-8")
-)["paths"]
-
-_ERROR_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-def openai_error(status: int, code: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    param = extra.get("param", extra.get("field"))
-    return {
-        "error": {"message": message, "type": kind, "param": param if isinstance(param, str) else None, "code": code}
-    }
 
 
 def invalid(message: str, param: str | None, code: str = "invalid_request") -> ApiError:
@@ -300,42 +277,31 @@ class OpenAIRoutes:
         return web.json_response({"object": "list", "data": models})
 
     async def get_model(self, request: web.Request) -> web.Response:
-        model = request.match_info["model"]
+        model = GET_MODEL.parse_path(request).model
         await self._available(model)
         return web.json_response(self._model_object(model))
 
     # -- /v1/chat/completions -------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = await self._body(request)
-        agent = await self._model(body)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise invalid("messages must be a non-empty list", "messages")
-        last_user = None
-        for index, item in enumerate(messages):
-            if not isinstance(item, dict) or item.get("role") not in CHAT_ROLES:
-                raise invalid(f"messages[{index}] must be an object with a role", f"messages[{index}].role")
-            content = _content_text(item.get("content"), f"messages[{index}].content", frozenset({"text"}))
-            if item["role"] == "user":
-                last_user = (content, index)
-        if last_user is None:
-            raise invalid("messages must hold a user message", "messages")
-        message = _message(last_user[0], f"messages[{last_user[1]}].content")
-        stream = bool(_optional(body, "stream", bool, "a boolean"))
-        options = _optional(body, "stream_options", dict, "an object") or {}
-        include_usage = options.get("include_usage", False)
-        if not isinstance(include_usage, bool):
-            raise invalid("stream_options.include_usage must be a boolean", "stream_options.include_usage")
-        asked = ClientToolsRequest.from_chat(body, messages, last_user[1])
+        body = await read_json(request)
+        named = body.get("model") if isinstance(body, dict) else None
+        if isinstance(named, str) and named:  # an unknown model is a 404 whatever else the body holds
+            await self._available(named)
+        chat = CHAT_COMPLETIONS.parse_body(body)  # a 400 naming the field as OpenAI does: messages[0].content
+        agent, message, last_user = chat.model, chat.message, chat.last_user
+        include_usage = chat.stream_options is not None and chat.stream_options.include_usage
+        # (the shared helpers read the body as sent: it is valid now)
+        messages: list[dict[str, Any]] = body["messages"]
+        asked = ClientToolsRequest.from_chat(body, messages, last_user)
         options, ignored = self._client_tools(agent, asked)
-        plan = await self._conversation(request, agent, body, chat_earlier(messages, last_user[1]))
+        plan = await self._conversation(request, agent, body, chat_earlier(messages, last_user))
         run = await self._create_for(request, agent, plan, body, message, options)
         self.routes.follow_conversation(run, plan, message)
         headers = _session_headers(run, plan)
         if ignored:
             headers[IGNORED_HEADER] = ", ".join(ignored)
         completion = ChatCompletion(run, reasoning=self.reasoning, include_usage=include_usage, ignored=ignored)
-        if stream:
+        if chat.stream:
             # Chat chunks are not numbered: a slow client may get merged deltas (same text).
             return await self.routes.stream(request, run, encode=completion.encode, headers=headers)
         run = await self.routes.wait_run(run)
@@ -497,14 +463,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def setup(routes: PluginRoutes, *, reasoning: bool, client_tools: str = "reject") -> None:
     handlers = OpenAIRoutes(routes, reasoning=reasoning, client_tools=client_tools)
-    table: list[tuple[str, str, Handler]] = [
-        ("GET", "/v1/models", handlers.list_models),
-        ("GET", "/v1/models/{model}", handlers.get_model),
-        ("POST", "/v1/chat/completions", handlers.chat_completions),
-    ]
-    for method, path, handler in table:
-        operation = OPENAPI_PATHS[path][method.lower()]
-        routes.add(method, path, handler, openapi=operation, error_shape=openai_error)
+    routes.add(LIST_MODELS, handlers.list_models)
+    routes.add(GET_MODEL, handlers.get_model)
+    routes.add(CHAT_COMPLETIONS, handlers.chat_completions)
     declared: list[tuple[Route[Any, Any, Any], Handler]] = [
         (CREATE_RESPONSE, handlers.create_response),
         (GET_RESPONSE, handlers.get_response),
