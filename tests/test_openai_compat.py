@@ -19,7 +19,7 @@ import openai
 import pytest
 from aiohttp.test_utils import TestClient
 
-from agent_gateway.plugins.openai_compat import chat_api
+from agent_gateway.plugins.openai_compat import chat_api, responses_api
 from agent_gateway.testing.fake_openai import FakeOpenAI, Reply
 from tests._harness import WAIT, MakeGateway, gateway_of
 from tests._openai import (
@@ -495,15 +495,22 @@ async def test_a_blank_last_user_message_is_named_and_ignored_fields_pass(gatewa
     assert (await answer.json())["choices"][0]["message"]["content"] == expected_answer("chat-only", "hi")
 
 
-async def test_the_served_chat_and_model_operations_are_the_declarations(gateway: TestClient) -> None:
+async def test_the_served_openai_operations_are_the_declarations(gateway: TestClient) -> None:
     spec = await (await gateway.get("/openapi.json")).json()
-    for route in chat_api.DECLARED:
+    declared = [
+        *chat_api.DECLARED,
+        responses_api.CREATE_RESPONSE,
+        responses_api.GET_RESPONSE,
+        responses_api.CANCEL_RESPONSE,
+    ]
+    for route in declared:
         operation, schemas = route.openapi_operation()
         assert spec["paths"][route.openapi_path][route.method.lower()] == operation, route.path
         for name, schema in schemas.items():
             assert spec["components"]["schemas"][name] == schema, name
-    written = json.loads((Path(chat_api.__file__).parent / "openapi.json").read_text(encoding="utf-8"))["paths"]
-    assert not {route.openapi_path for route in chat_api.DECLARED} & set(written)
+    # every path the plugin serves is one of those declarations
+    served = {path for path in spec["paths"] if path.startswith(("/v1/models", "/v1/chat/", "/v1/responses"))}
+    assert served == {route.openapi_path for route in declared}
     # the streamed chunk is documented, and an error body on every status but 200
     responses = spec["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert "text/event-stream" in responses["200"]["content"]
