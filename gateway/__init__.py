@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     "Identifier": "agent_gateway.declare",
     "refuse": "agent_gateway.declare",
     "json_path": "agent_gateway.declare",
+    "VISIBLE": "agent_gateway.declare",
     # what gateway_startup / gateway_shutdown get
     "GatewayContext": "agent_gateway.lifecycle",
     # who is calling (the authenticate and authorize hooks)
@@ -138,6 +139,7 @@ __all__ = [  # noqa: RUF022  (grouped as _EXPORTS is)
     "Identifier",
     "refuse",
     "json_path",
+    "VISIBLE",
     "GatewayContext",
     "Actor",
     "bearer_token",
@@ -190,7 +192,7 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time __getattr__
     from agent_gateway.capacity import CapacityTimeout, ProcessCapacity, ProcessUse
     from agent_gateway.cluster import ClusterInstance, Coordinator, NotOwner
     from agent_gateway.config import Config
-    from agent_gateway.declare import Identifier, NonBlankText, Route, RouteResponse, json_path, refuse
+    from agent_gateway.declare import VISIBLE, Identifier, NonBlankText, Route, RouteResponse, json_path, refuse
     from agent_gateway.environment import agent_environment
     from agent_gateway.errors import ApiError, PluginError, read_json
     from agent_gateway.hookspecs import PROJECT_NAME, hookimpl

@@ -169,6 +169,8 @@ def _phrase(error: Mapping[str, Any]) -> str:
         "bool_type": "must be a boolean",
         "float_type": "must be a number",
         "list_type": "must be a list",
+        "too_short": f"must hold at least {ctx.get('min_length')} item(s)",
+        "too_long": f"must hold at most {ctx.get('max_length')} item(s)",
         "dict_type": "must be an object",
         "model_type": "must be an object",
         "model_attributes_type": "must be an object",

@@ -11,7 +11,6 @@ declared. The response models document what the handlers build (as dicts, on the
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,50 +27,40 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
-from agent_gateway import Route, RouteResponse, json_path, refuse
+from agent_gateway import VISIBLE, Route, RouteResponse, json_path, refuse
 
-from .client_tools import MAX_TOOLS, TOOL_CHOICES
+from .common import (
+    ADMISSION,
+    AFFINITY_HEADER,
+    AGENT_UNAVAILABLE,
+    BAD_REQUEST,
+    COMMON_ERRORS,
+    CONFLICT,
+    IGNORED_HEADER,
+    MAX_ID_LENGTH,
+    MAX_TOOLS,
+    NOT_JSON,
+    RUN_HEADERS,
+    SESSION_HEADER,
+    TAG,
+    TOO_LARGE,
+    TOOL_CHOICES,
+    AgentId,
+    Metadata,
+    OpenAIErrorDetail,
+    error_answer,
+    format_type,
+    openai_error,
+    tool_list,
+    wrong,
+)
 
-# The core's rule for text (NonBlankText): a character no regex dialect counts as white space.
-VISIBLE_PATTERN = r"[^\s\u001c-\u001f\u0085\ufeff]"
-VISIBLE = re.compile(VISIBLE_PATTERN)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 MAX_TOOL_NAME = 200
-MAX_ID_LENGTH = 200
-TAG = "openai-compatible (plugin)"
 # Requests: strict, and fields the gateway ignores allowed (OpenAI clients send many).
 REQUEST = ConfigDict(extra="allow", strict=True, defer_build=True)
 RESPONSE = ConfigDict(defer_build=True)
-SESSION_HEADER = "X-Agent-Gateway-Session"
-AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"
-MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-IGNORED_HEADER = "X-Agent-Gateway-Ignored"
-
-
-_ERROR_TYPES = {
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-def openai_error(status: int, code: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAI error body: ``{"error": {"message", "type", "param", "code"}}`` (every route's
-    ``error_shape``)."""
-    kind = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    param = extra.get("param", extra.get("field"))
-    return {
-        "error": {"message": message, "type": kind, "param": param if isinstance(param, str) else None, "code": code}
-    }
-
-
-def _wrong(kind: str, phrase: str) -> PydanticCustomError:
-    """A refusal worded ``<field> <phrase>`` (the field from the error's location)."""
-    return PydanticCustomError(kind, phrase)
 
 
 # -- request: /v1/chat/completions -----------------------------------------------------------------
@@ -86,7 +75,7 @@ class ChatContentPart(BaseModel):
     @classmethod
     def _a_part(cls, value: Any) -> Any:
         if not isinstance(value, dict) or not isinstance(value.get("type"), str):
-            raise _wrong("content_part", "must be a content part with a type")
+            raise wrong("content_part", "must be a content part with a type")
         return value
 
 
@@ -107,7 +96,7 @@ ChatContent = Annotated[
 
 def _tool_name(value: Any) -> Any:
     if not isinstance(value, str) or not value or len(value) > MAX_TOOL_NAME:
-        raise _wrong("tool_name", f"must be a tool name (1 to {MAX_TOOL_NAME} characters)")
+        raise wrong("tool_name", f"must be a tool name (1 to {MAX_TOOL_NAME} characters)")
     return value
 
 
@@ -170,7 +159,7 @@ class ChatToolMessage(_Message):
     @classmethod
     def _a_call_id(cls, value: Any) -> Any:
         if not isinstance(value, str) or not value:
-            raise _wrong("tool_call_id", "must be a string")
+            raise wrong("tool_call_id", "must be a string")
         return value
 
 
@@ -210,12 +199,6 @@ class ChatTool(BaseModel):
     function: ChatFunction
 
 
-def _tools(value: Any) -> Any:
-    if value is not None and (not isinstance(value, list) or len(value) > MAX_TOOLS):
-        raise _wrong("tools", f"must be a list of at most {MAX_TOOLS} tools")
-    return value
-
-
 def _tool_choice_kind(value: Any) -> str | None:
     if isinstance(value, dict):
         return "<object>"
@@ -231,7 +214,6 @@ ToolChoice = Annotated[
         custom_error_message="must be 'auto', 'none', 'required' or an object",
     ),
 ]
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 class ChatResponseFormat(BaseModel):
@@ -244,13 +226,7 @@ class ChatResponseFormat(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _a_format(cls, value: Any) -> Any:
-        if isinstance(value, dict) and value.get("type") not in RESPONSE_FORMATS:
-            raise refuse(
-                "invalid_request",
-                "response_format.type must be 'text', 'json_object' or 'json_schema'",
-                param="response_format",
-            )
-        return value
+        return format_type(value, "response_format", "response_format")
 
 
 class ChatStreamOptions(BaseModel):
@@ -258,23 +234,11 @@ class ChatStreamOptions(BaseModel):
     include_usage: bool = Field(False, description="a last chunk with the run's token counts (`usage`)")
 
 
-def _metadata(value: Any) -> Any:
-    if value is not None and (not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values())):
-        raise _wrong("metadata", "must be an object of strings")
-    return value
-
-
-def _model(value: Any) -> Any:
-    if not isinstance(value, str) or not value:
-        raise _wrong("model", "must be an agent id (see GET /v1/models)")
-    return value
-
-
 def _messages(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
     """A non-empty list of messages; one without a known role is refused at its role, as OpenAI
     does (looked for only in a refusal: a long conversation is not walked twice)."""
     if not isinstance(value, list) or not value:
-        raise _wrong("messages", "must be a non-empty list")
+        raise wrong("messages", "must be a non-empty list")
     try:
         return handler(value)
     except ValidationError as exc:
@@ -291,7 +255,7 @@ class ChatCompletionRequest(BaseModel):
     """A chat completion: the agent `model` runs on the last user message."""
 
     model_config = REQUEST
-    model: Annotated[str, Field(min_length=1, description="An agent id (GET /v1/models)"), BeforeValidator(_model)]
+    model: AgentId
     messages: Annotated[
         list[ChatMessage],
         Field(
@@ -307,17 +271,8 @@ class ChatCompletionRequest(BaseModel):
     user: Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None = Field(
         None, description="The session, when neither the header nor `metadata.session_id` names one"
     )
-    metadata: Annotated[
-        dict[str, str] | None,
-        Field(
-            description="Strings. `session_id` names the gateway session (the agent's live session is kept across "
-            "requests), `workspace_id` the workspace (default `default`), `allowed_roots` the workspace folders its "
-            "tools may touch, comma-separated (`.`: all; without it, none), `multitask_strategy` what the request "
-            f"does while the session still answers (as the `{MULTITASK_HEADER}` header)."
-        ),
-        BeforeValidator(_metadata),
-    ] = None
-    tools: Annotated[Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None, BeforeValidator(_tools)] = None
+    metadata: Metadata = None
+    tools: Annotated[Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)] | None, BeforeValidator(tool_list)] = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ChatResponseFormat | None = None
@@ -349,22 +304,6 @@ class ChatCompletionRequest(BaseModel):
 
 
 # -- responses ---------------------------------------------------------------------------------------
-# (the same schemas as responses_api.py's on the wip-oaresp branch: one component each once merged)
-class OpenAIErrorDetail(BaseModel):
-    model_config = ConfigDict(defer_build=True)
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class OpenAIError(BaseModel):
-    """An OpenAI error body."""
-
-    model_config = ConfigDict(defer_build=True)
-    error: OpenAIErrorDetail
-
-
 class OpenAIModel(BaseModel):
     """An agent, as a model."""
 
@@ -510,32 +449,6 @@ class ChatCompletionEvent(BaseModel):
 
 
 # -- the routes ----------------------------------------------------------------------------------------
-ID_HEADER_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_ID_LENGTH, "pattern": VISIBLE_PATTERN}
-HEADERS: tuple[dict[str, Any], ...] = (
-    {
-        "name": SESSION_HEADER,
-        "in": "header",
-        "schema": ID_HEADER_SCHEMA,
-        "description": "The gateway session of this request; wins over `metadata.session_id`, "
-        "`previous_response_id` and `user`.",
-    },
-    {
-        "name": MULTITASK_HEADER,
-        "in": "header",
-        "schema": {"type": "string", "enum": ["enqueue", "reject", "interrupt", "rollback"]},
-        "description": "What this request does while a run of its session is still active (wins over "
-        "`metadata.multitask_strategy`): `enqueue` waits behind it, `reject` answers 409 `session_busy`, "
-        "`interrupt` cancels it (the agent still knows the cut-off turn), `rollback` cancels it and the agent "
-        "forgets it (400 `rollback_not_supported` for an agent that keeps its own session). Default: the "
-        "gateway's `multitask_strategy` configuration.",
-    },
-    {
-        "name": IDEMPOTENCY_HEADER,
-        "in": "header",
-        "schema": ID_HEADER_SCHEMA,
-        "description": "The run's requestId: a repeat with the same key (same session and body) returns the same run.",
-    },
-)
 ANSWER_HEADERS = {
     SESSION_HEADER: {"schema": {"type": "string"}, "description": "The session the run went to"},
     AFFINITY_HEADER: {
@@ -549,26 +462,9 @@ ANSWER_HEADERS = {
 }
 
 
-def _error(description: str) -> RouteResponse:
-    return RouteResponse(description, OpenAIError)
-
-
-UNAVAILABLE = "The gateway's database is unreachable, or the gateway is stopping (OpenAI error body)."
-# What any of these routes may answer (the core's middleware, in OpenAI's error shape).
-COMMON_ERRORS: dict[int | str, RouteResponse] = {
-    401: _error(
-        "Tokens are configured and the request has no `Authorization: Bearer <token>` or an unknown one "
-        "(OpenAI error body)."
-    ),
-    403: _error("Refused by the browser guard: a non-loopback Host or a disallowed origin (OpenAI error body)."),
-    503: _error(UNAVAILABLE),
-}
 MODEL_ERRORS: dict[int | str, RouteResponse] = {
-    404: _error("No agent with that id (`code` `model_not_found`)."),
-    503: _error(
-        UNAVAILABLE + " Or the agent cannot run here (`code` `agent_unavailable`, `param` `model`; the message says "
-        "what to install or set), with `x-should-retry: false`."
-    ),
+    404: error_answer("No agent with that id (`code` `model_not_found`)."),
+    503: error_answer(AGENT_UNAVAILABLE),
 }
 
 
@@ -614,7 +510,7 @@ CHAT_COMPLETIONS: Route[ChatCompletionRequest, Any] = Route(
     'they are a 400 `tools_not_supported` (or, with `[openai_compat] client_tools = "ignore"`, left out and '
     "named in `X-Agent-Gateway-Ignored`). Other OpenAI fields are accepted and ignored.",
     body=ChatCompletionRequest,
-    headers=HEADERS,
+    headers=RUN_HEADERS,
     responses={
         200: RouteResponse(
             "A `chat.completion` (JSON), or with `stream: true` its chunks (SSE)",
@@ -622,23 +518,15 @@ CHAT_COMPLETIONS: Route[ChatCompletionRequest, Any] = Route(
             content={"text/event-stream": ChatCompletionEvent},
             headers=ANSWER_HEADERS,
         ),
-        400: _error(
-            "The request is malformed (OpenAI error body; `param` names the field): bad JSON, JSON nested deeper "
-            "than 64 levels, text with a NUL or a lone surrogate, a field of the wrong type, no user message; "
-            "or client tools for an agent that cannot take them (`tools_not_supported`, "
+        400: error_answer(
+            BAD_REQUEST + "; or client tools for an agent that cannot take them (`tools_not_supported`, "
             "`response_format_not_supported`)."
         ),
-        409: _error(
-            "The `Idempotency-Key` was used before with a different request (`request_conflict`), or the session "
-            "still answers and the request's multitask strategy is `reject` (`session_busy`)."
-        ),
-        413: _error("The body exceeds `[gateway] max_body_bytes` (OpenAI error body)."),
-        415: _error("The body is not `application/json` (OpenAI error body)."),
-        429: _error(
-            "Run admission refused: the session's queue or the caller's active runs are full; retry after "
-            "`Retry-After` seconds (OpenAI error body)."
-        ),
-        502: _error("The agent run failed or was interrupted (not retried by the SDK: `x-should-retry: false`)."),
+        409: error_answer(CONFLICT),
+        413: error_answer(TOO_LARGE),
+        415: error_answer(NOT_JSON),
+        429: error_answer(ADMISSION),
+        502: error_answer("The agent run failed or was interrupted (not retried by the SDK: `x-should-retry: false`)."),
         **COMMON_ERRORS,
         **MODEL_ERRORS,
     },

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent_gateway import ApiError
 
+from .common import MAX_TOOLS, TOOL_CHOICES
 from .responses_api import (
     InputItem,
     ResponseContentPart,
@@ -27,9 +28,6 @@ from .responses_api import (
 )
 
 CLIENT_TOOLS_CHOICES = ("reject", "ignore")
-IGNORED_HEADER = "X-Agent-Gateway-Ignored"
-MAX_TOOLS = 128
-TOOL_CHOICES = frozenset({"auto", "none", "required"})
 
 
 def _bad(message: str, param: str) -> ApiError:

@@ -2,88 +2,54 @@
 and ``POST /v1/responses/{response_id}/cancel`` (see :class:`agent_gateway.Route`).
 
 Their models validate the requests and are what ``/openapi.json`` says of them. A refused
-request names the field as OpenAI does (``input[0].content``, in ``param``); the fields the
-gateway does not read are allowed and ignored (sampling parameters, ``store``, ``include``, ...).
+request names the field as OpenAI does (``input[0].content``, in ``param``:
+:func:`agent_gateway.json_path`); the fields the gateway does not read are allowed and ignored
+(sampling parameters, ``store``, ``include``, ...).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
 
-from agent_gateway import Route, RouteResponse, refuse
+from agent_gateway import Route, RouteResponse, json_path, refuse
 
-MAX_TOOLS = 128
+from .common import (
+    ADMISSION,
+    AGENT_UNAVAILABLE,
+    BAD_REQUEST,
+    COMMON_ERRORS,
+    CONFLICT,
+    MAX_ID_LENGTH,
+    MAX_TOOLS,
+    NOT_JSON,
+    RUN_HEADERS,
+    TAG,
+    TOO_LARGE,
+    TOOL_CHOICES,
+    AgentId,
+    Metadata,
+    error_answer,
+    format_type,
+    openai_error,
+    tool_list,
+    wrong,
+)
+
 MAX_SEQUENCE = 999_999_999_999_999_999  # 18 digits: a sequence number a resume may name
-VISIBLE_PATTERN = r"[^\s\u001c-\u001f\u0085\ufeff]"
-TAG_MARK = "<"  # a union member's tag in an error's location starts so (never a field name)
-
-
-# -- the refusals, as OpenAI writes them ---------------------------------------------------------------
-
-
-def openai_param(location: tuple[int | str, ...]) -> str:
-    """An error's location as OpenAI names a field: ``input[0].content`` (union tags left out)."""
-    param = ""
-    for part in location:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif not part.startswith(TAG_MARK):
-            param += f".{part}" if param else part
-    return param
-
-
-def _phrase(error: Mapping[str, Any]) -> str:
-    kind, ctx = error["type"], error.get("ctx") or {}
-    phrases = {
-        "missing": "is required",
-        "string_type": "must be a string",
-        "string_too_short": "must be a non-empty string",
-        "string_too_long": f"must be at most {ctx.get('max_length')} characters",
-        "bool_type": "must be a boolean",
-        "list_type": "must be a list",
-        "too_short": f"must hold at least {ctx.get('min_length')} item(s)",
-        "too_long": f"must hold at most {ctx.get('max_length')} item(s)",
-        "dict_type": "must be an object",
-        "model_type": "must be an object",
-        "model_attributes_type": "must be an object",
-        "literal_error": f"must be {ctx.get('expected')}",
-    }
-    phrase = phrases.get(kind)
-    if phrase is not None:
-        return phrase
-    message = str(error["msg"])  # a custom error's message is already a phrase
-    return message[:1].lower() + message[1:]
-
-
-class OpenAIRequest(BaseModel):
-    """A request model whose refusal is one ``400 invalid_request`` naming the first bad field in
-    OpenAI's form (``param``). ``refusal_messages``: the whole message of a refusal at a field (by its
-    ``param``), where the gateway's message says more than the generic one."""
-
-    refusal_messages: ClassVar[Mapping[str, str]] = {}
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _openai_refusal(cls, data: Any, handler: Any) -> Any:
-        try:
-            return handler(data)
-        except ValidationError as exc:
-            raise cls.refusal(exc.errors(include_url=False)[0]) from None
-
-    @classmethod
-    def refusal(cls, error: Mapping[str, Any]) -> PydanticCustomError:
-        if error["type"] == "api_refusal":  # a validator's own (agent_gateway.refuse): kept whole
-            ctx = error["ctx"]
-            return refuse(ctx["code"], ctx["message"], **ctx["extra"])
-        param = openai_param(error["loc"])
-        if not param:
-            return refuse("invalid_request", "the body must be a JSON object", param=None)
-        message = cls.refusal_messages.get(param) or f"{param} {_phrase(error)}"
-        return refuse("invalid_request", message, param=param)
 
 
 def _kind_of(value: Any, kinds: Mapping[type, str]) -> str | None:
@@ -98,7 +64,7 @@ def _text_or_parts(value: Any) -> str | None:
 
 
 def _string_or_items(value: Any) -> str | None:
-    return _kind_of(value, {str: "<text>", list: "<items>"})
+    return "<items>" if isinstance(value, list) and value else _kind_of(value, {str: "<text>"})
 
 
 # -- the request body ----------------------------------------------------------------------------------
@@ -200,7 +166,11 @@ InputItem = Annotated[
 ]
 ResponseInput = Annotated[
     Annotated[str, Tag("<text>")] | Annotated[list[InputItem], Field(min_length=1), Tag("<items>")],
-    Discriminator(_string_or_items, custom_error_type="input_kind", custom_error_message="must be a string or a list"),
+    Discriminator(
+        _string_or_items,
+        custom_error_type="input_kind",
+        custom_error_message="must be a string or a non-empty list of input items",
+    ),
 ]
 
 
@@ -224,13 +194,19 @@ class ResponseToolChoiceFunction(BaseModel):
 
 
 def _choice_kind(value: Any) -> str | None:
-    return _kind_of(value, {str: "<mode>", dict: "<function>"})
+    if isinstance(value, dict):
+        return "<function>"
+    return "<mode>" if isinstance(value, str) and value in TOOL_CHOICES else None
 
 
 ToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("<mode>")]
     | Annotated[ResponseToolChoiceFunction, Tag("<function>")],
-    Discriminator(_choice_kind, custom_error_type="choice_kind", custom_error_message="must be a mode or a function"),
+    Discriminator(
+        _choice_kind,
+        custom_error_type="choice_kind",
+        custom_error_message="must be 'auto', 'none', 'required' or a function",
+    ),
 ]
 
 
@@ -244,60 +220,58 @@ class ResponseTextFormat(BaseModel):
     strict: bool | None = None
     description: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_format(cls, value: Any) -> Any:
+        return format_type(value, "text.format", "text.format.type")
+
 
 class ResponseTextConfig(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
     format: ResponseTextFormat | None = None
 
 
-class ResponseCreateRequest(OpenAIRequest):
+def _function_tools(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """Only function tools are served: a tool of another kind is ``tools_not_supported``, not a
+    malformed request (looked for only in a refusal)."""
+    try:
+        return handler(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        location = first["loc"]
+        if len(location) == 2 and location[1] == "type" and first["type"] in ("literal_error", "missing"):
+            param = f"tools[{location[0]}]"
+            kind = str(first["input"].get("type") if first["type"] == "missing" else first["input"])[:40]
+            message = f"{param}: only function tools are served here, not {kind!r}"
+            raise refuse("tools_not_supported", message, param=param) from None
+        raise
+
+
+class ResponseCreateRequest(BaseModel):
     """A `POST /v1/responses` body."""
 
     model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
-    refusal_messages: ClassVar[Mapping[str, str]] = {
-        "model": "model must be an agent id (see GET /v1/models)",
-        "input": "input must be a string or a non-empty list of input items",
-        "tools": f"tools must be a list of at most {MAX_TOOLS} tools",
-        "tool_choice": "tool_choice must be 'auto', 'none', 'required' or a function",
-        "text.format.type": "text.format.type must be 'text', 'json_object' or 'json_schema'",
-        "metadata": "metadata must be an object of strings",
-    }
 
-    model: str = Field(min_length=1, description="An agent id (GET /v1/models)")
+    model: AgentId
     input: ResponseInput = Field(
         description="The question: a string, or items whose last `user` message is the run's message (the "
         "messages before it are the conversation; function calls and their outputs after it, the client tools' "
         "exchange)."
     )
     instructions: str | None = Field(None, description="Accepted and not sent to the agent.")
-    tools: list[ResponseFunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tools: Annotated[
+        Annotated[list[ResponseFunctionTool], Field(max_length=MAX_TOOLS)] | None,
+        BeforeValidator(tool_list),
+        WrapValidator(_function_tools),
+    ] = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: ResponseTextConfig | None = None
     stream: bool | None = None
     background: bool | None = None
     previous_response_id: str | None = Field(None, min_length=1)
-    user: str | None = Field(None, max_length=200)
-    metadata: dict[str, str] | None = Field(
-        None,
-        description="Strings. `session_id` names the gateway session (the agent's live session is kept across "
-        "requests), `workspace_id` the workspace (default `default`), `allowed_roots` the workspace folders its "
-        "tools may touch, comma-separated (`.`: all; without it, none).",
-    )
-
-    @classmethod
-    def refusal(cls, error: Mapping[str, Any]) -> PydanticCustomError:
-        location = error["loc"]
-        # Only function tools are served: another kind is not a malformed request.
-        if len(location) == 3 and location[0] == "tools" and location[2] == "type":
-            if error["type"] in ("literal_error", "missing"):
-                param = f"tools[{location[1]}]"
-                kind = str(error["input"].get("type") if error["type"] == "missing" else error["input"])[:40]
-                message = f"{param}: only function tools are served here, not {kind!r}"
-                return refuse("tools_not_supported", message, param=param)
-        if location and location[0] == "metadata":  # (a value's error names the field)
-            error = {**error, "loc": ("metadata",)}
-        return super().refusal(error)
+    user: str | None = Field(None, max_length=MAX_ID_LENGTH)
+    metadata: Metadata = None
 
     @property
     def items(self) -> list[Any]:
@@ -317,23 +291,19 @@ def _true_or_false(value: Any) -> Any:
         return True
     if value == "false":
         return False
-    return value  # (refused as a boolean)
+    raise wrong("true_or_false", "must be true or false")
 
 
 def _sequence_number(value: Any) -> Any:
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= len(str(MAX_SEQUENCE)):
         return int(value)
-    return value  # (refused as an integer)
+    raise wrong("sequence_number", "must be a sequence number (0 or more)")
 
 
-class ResponseQuery(OpenAIRequest):
+class ResponseQuery(BaseModel):
     """The query of `GET /v1/responses/{response_id}`; other parameters are ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=True, defer_build=True)
-    refusal_messages: ClassVar[Mapping[str, str]] = {
-        "stream": "stream must be true or false",
-        "starting_after": "starting_after must be a sequence number (0 or more)",
-    }
 
     stream: Annotated[bool, BeforeValidator(_true_or_false)] = Field(
         False, description="Stream the response's events (SSE) instead of the object."
@@ -373,21 +343,6 @@ class ResponseObject(BaseModel):
     )
 
 
-class OpenAIErrorDetail(BaseModel):
-    model_config = ConfigDict(defer_build=True)
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class OpenAIError(BaseModel):
-    """An OpenAI error body."""
-
-    model_config = ConfigDict(defer_build=True)
-    error: OpenAIErrorDetail
-
-
 STREAMED_EVENTS = {
     "text/event-stream": {
         "schema": {
@@ -404,65 +359,21 @@ STREAMED_EVENTS = {
 }
 
 
-COMMON_ERRORS = {
-    401: "Tokens are configured and the request has no `Authorization: Bearer <token>` or an unknown one (OpenAI "
-    "error body).",
-    403: "Refused by the browser guard: a non-loopback Host or a disallowed origin (OpenAI error body).",
-    503: "The gateway's database is unreachable, or the gateway is stopping (OpenAI error body).",
-}
-
-
 def _errors(described: Mapping[int, str]) -> dict[int | str, RouteResponse]:
     """The OpenAI error answers by status: ``described``, and the ones every route has."""
-    return {status: RouteResponse(text, OpenAIError) for status, text in {**COMMON_ERRORS, **described}.items()}
+    return {**COMMON_ERRORS, **{status: error_answer(text) for status, text in described.items()}}
 
 
-TAG = "openai-compatible (plugin)"
-MULTITASK_STRATEGIES = ["enqueue", "reject", "interrupt", "rollback"]
-ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": VISIBLE_PATTERN}
-CREATE_HEADERS: tuple[dict[str, Any], ...] = (
-    {
-        "name": "X-Agent-Gateway-Session",
-        "in": "header",
-        "schema": ID_SCHEMA,
-        "description": "The gateway session of this request; wins over `metadata.session_id`, "
-        "`previous_response_id` and `user`.",
-    },
-    {
-        "name": "X-Agent-Gateway-Multitask",
-        "in": "header",
-        "schema": {"type": "string", "enum": MULTITASK_STRATEGIES},
-        "description": "What this request does while a run of its session is still active (wins over "
-        "`metadata.multitask_strategy`): `enqueue` waits behind it, `reject` answers 409 `session_busy`, "
-        "`interrupt` cancels it (the agent still knows the cut-off turn), `rollback` cancels it and the agent "
-        "forgets it (400 `rollback_not_supported` for an agent that keeps its own session). Default: the "
-        "gateway's `multitask_strategy` configuration.",
-    },
-    {
-        "name": "Idempotency-Key",
-        "in": "header",
-        "schema": ID_SCHEMA,
-        "description": "The run's requestId: a repeat with the same key (same session and body) returns the same run.",
-    },
-)
-BAD_REQUEST = (
-    "The request is malformed (OpenAI error body; `param` names the field): bad JSON, JSON nested deeper than "
-    "64 levels, text with a NUL or a lone surrogate, a field of the wrong type, no user message."
-)
 NO_RESPONSE = "No response with that id for the caller (`code` `response_not_found`)."
 
 CREATE_ERRORS = {
-    400: BAD_REQUEST,
+    400: BAD_REQUEST + ".",
     404: "No agent with that id (`model_not_found`), or no such `previous_response_id` (`response_not_found`).",
-    409: "The `Idempotency-Key` was used before with a different request (`request_conflict`), or the session "
-    "still answers and the request's multitask strategy is `reject` (`session_busy`).",
-    413: "The body exceeds `[gateway] max_body_bytes` (OpenAI error body).",
-    415: "The body is not `application/json` (OpenAI error body).",
-    429: "Run admission refused: the session's queue or the caller's active runs are full; retry after "
-    "`Retry-After` seconds (OpenAI error body).",
-    503: "The gateway's database is unreachable, or the gateway is stopping (OpenAI error body). Or the agent cannot "
-    "run here (`code` `agent_unavailable`, `param` `model`; the message says what to install or set), with "
-    "`x-should-retry: false`.",
+    409: CONFLICT,
+    413: TOO_LARGE,
+    415: NOT_JSON,
+    429: ADMISSION,
+    503: AGENT_UNAVAILABLE,
 }
 
 CREATE_RESPONSE: Route[ResponseCreateRequest, Any] = Route(
@@ -480,13 +391,15 @@ CREATE_RESPONSE: Route[ResponseCreateRequest, Any] = Route(
     "`X-Agent-Gateway-Ignored`).",
     tags=(TAG,),
     body=ResponseCreateRequest,
-    headers=CREATE_HEADERS,
+    headers=RUN_HEADERS,
     responses={
         200: RouteResponse(
             "The `response` object (JSON), or with `stream: true` its events (SSE)", ResponseObject, STREAMED_EVENTS
         ),
         **_errors(CREATE_ERRORS),
     },
+    error_shape=openai_error,
+    field_path=json_path,
 )
 GET_RESPONSE: Route[Any, ResponseQuery, ResponsePath] = Route(
     "GET",
@@ -498,8 +411,10 @@ GET_RESPONSE: Route[Any, ResponseQuery, ResponsePath] = Route(
     query=ResponseQuery,
     responses={
         200: RouteResponse("The `response` object, or its events (SSE)", ResponseObject, STREAMED_EVENTS),
-        **_errors({400: BAD_REQUEST, 404: NO_RESPONSE}),
+        **_errors({400: BAD_REQUEST + ".", 404: NO_RESPONSE}),
     },
+    error_shape=openai_error,
+    field_path=json_path,
 )
 CANCEL_RESPONSE: Route[Any, Any, ResponsePath] = Route(
     "POST",
@@ -515,4 +430,6 @@ CANCEL_RESPONSE: Route[Any, Any, ResponsePath] = Route(
         ),
         **_errors({404: NO_RESPONSE}),
     },
+    error_shape=openai_error,
+    field_path=json_path,
 )

@@ -16,16 +16,15 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
-from agent_gateway import ApiError, ConversationPlan, Event, PluginRoutes, Route, Run, read_json
+from agent_gateway import VISIBLE, ApiError, ConversationPlan, Event, PluginRoutes, Run, read_json
 
-from .chat_api import CHAT_COMPLETIONS, GET_MODEL, LIST_MODELS, VISIBLE, openai_error
-from .client_tools import IGNORED_HEADER, ClientToolsRequest
+from .chat_api import CHAT_COMPLETIONS, GET_MODEL, LIST_MODELS
+from .client_tools import ClientToolsRequest
+from .common import AFFINITY_HEADER, IDEMPOTENCY_HEADER, IGNORED_HEADER, MAX_ID_LENGTH, MULTITASK_HEADER, SESSION_HEADER
 from .conversation import chat_earlier, input_earlier
 from .mapping import (
     CLIENT_TOOL_CALL,
@@ -47,11 +46,6 @@ from .responses_api import (
     ResponseItemReference,
 )
 
-SESSION_HEADER = "X-Agent-Gateway-Session"
-AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"
-MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
-IDEMPOTENCY_HEADER = "Idempotency-Key"
-MAX_ID_LENGTH = 200
 # Pages of events read for a non-streamed answer; bounded in count so no loop runs forever.
 EVENT_PAGE = 5000
 MAX_EVENT_PAGES = 2000
@@ -62,44 +56,16 @@ MESSAGE_ITEM_PREFIX = "msg_"
 INPUT_USER_PARTS = frozenset({"input_text", "text"})
 
 
-def invalid(message: str, param: str | None, code: str = "invalid_request") -> ApiError:
-    return ApiError(400, code, message, param=param)
+def invalid(message: str, param: str | None) -> ApiError:
+    return ApiError(400, "invalid_request", message, param=param)
 
 
-def _optional(body: dict[str, Any], key: str, kind: type, what: str) -> Any:
-    """``body[key]`` if it is a ``kind`` or null/absent (None); else a 400 naming ``key``."""
-    value = body.get(key)
-    if value is None:
-        return None
-    # bool is an int in Python, never in JSON: a true/false is only ever a boolean here
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise invalid(f"{key} must be {what}", key)
-    return value
-
-
+# The checks the declarations do not make: an id the request names (a header, or a field whose
+# model does not require a visible character) and the run's message.
 def _id_text(value: str, param: str) -> str:
     if not VISIBLE.search(value) or len(value) > MAX_ID_LENGTH:
         raise invalid(f"{param} must hold a visible character and at most {MAX_ID_LENGTH} characters", param)
     return value
-
-
-def _content_text(content: Any, param: str, part_types: frozenset[str]) -> str:
-    """A message's text: a string, or the text parts of a list of content parts."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if not isinstance(content, list):
-        raise invalid(f"{param} must be a string or a list of content parts", param)
-    texts = []
-    for index, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise invalid(f"{param}[{index}] must be a content part with a type", f"{param}[{index}]")
-        if "text" in part and not isinstance(part["text"], str):
-            raise invalid(f"{param}[{index}].text must be a string", f"{param}[{index}].text")
-        if part["type"] in part_types and "text" in part:
-            texts.append(part["text"])
-    return "\n".join(texts)
 
 
 def _message(text: str, param: str) -> str:
@@ -123,19 +89,6 @@ class OpenAIRoutes:
         return {"clientTools": asked.options()}, ignored
 
     # -- shared ---------------------------------------------------------------------------------------
-    async def _body(self, request: web.Request) -> dict[str, Any]:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise invalid("the body must be a JSON object", None)
-        return body
-
-    async def _model(self, body: dict[str, Any]) -> str:
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise invalid("model must be an agent id (see GET /v1/models)", "model")
-        await self._available(model)
-        return model
-
     async def _available(self, model: str) -> None:
         """A 404 for an unknown model, a 503 ``agent_unavailable`` (with what to install or set)
         for one that cannot run here; checked before any run or session exists."""
@@ -149,11 +102,9 @@ class OpenAIRoutes:
             raise error
 
     def _session(self, request: web.Request, body: dict[str, Any], fallback: str | None = None) -> str | None:
-        """The session the request names, or None (then its history chooses: `_conversation`)."""
-        metadata = _optional(body, "metadata", dict, "an object of strings")
-        if metadata is not None and not all(isinstance(v, str) for v in metadata.values()):
-            raise invalid("metadata values must be strings", "metadata")
-        user = _optional(body, "user", str, "a string")
+        """The session the request names, or None (then its history chooses: `_conversation`).
+        ``body`` is one its route's declaration accepted (``metadata`` strings, ``user`` a string)."""
+        metadata, user = body.get("metadata"), body.get("user")
         header = request.headers.get(SESSION_HEADER)
         if header is not None:
             return _id_text(header, SESSION_HEADER)
@@ -458,18 +409,11 @@ def _session_headers(run: Run, plan: ConversationPlan) -> dict[str, str]:
     return headers
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
 def setup(routes: PluginRoutes, *, reasoning: bool, client_tools: str = "reject") -> None:
     handlers = OpenAIRoutes(routes, reasoning=reasoning, client_tools=client_tools)
     routes.add(LIST_MODELS, handlers.list_models)
     routes.add(GET_MODEL, handlers.get_model)
     routes.add(CHAT_COMPLETIONS, handlers.chat_completions)
-    declared: list[tuple[Route[Any, Any, Any], Handler]] = [
-        (CREATE_RESPONSE, handlers.create_response),
-        (GET_RESPONSE, handlers.get_response),
-        (CANCEL_RESPONSE, handlers.cancel_response),
-    ]
-    for route, handler in declared:
-        routes.add(replace(route, error_shape=openai_error), handler)
+    routes.add(CREATE_RESPONSE, handlers.create_response)
+    routes.add(GET_RESPONSE, handlers.get_response)
+    routes.add(CANCEL_RESPONSE, handlers.cancel_response)
