@@ -16,7 +16,6 @@ from typing import Any
 
 from agent_gateway import ApiError
 
-from .common import MAX_TOOLS, TOOL_CHOICES
 from .responses_api import (
     InputItem,
     ResponseContentPart,
@@ -26,39 +25,6 @@ from .responses_api import (
     ResponseInputMessage,
     ResponseToolChoiceFunction,
 )
-
-CLIENT_TOOLS_CHOICES = ("reject", "ignore")
-
-
-def _bad(message: str, param: str) -> ApiError:
-    return ApiError(400, "invalid_request", message, param=param)
-
-
-def _object(value: Any, param: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _bad(f"{param} must be an object", param)
-    return value
-
-
-def _name(value: Any, param: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > 200:
-        raise _bad(f"{param} must be a tool name (1 to 200 characters)", param)
-    return value
-
-
-def _tool_list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise _bad(f"tools must be a list of at most {MAX_TOOLS} tools", "tools")
-    return value
-
-
-def _parallel(body: dict[str, Any]) -> bool | None:
-    value = body.get("parallel_tool_calls")
-    if value is not None and not isinstance(value, bool):
-        raise _bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")
-    return value
 
 
 class ClientToolsRequest:
@@ -86,37 +52,24 @@ class ClientToolsRequest:
             out["responseFormat"] = self.response_format
         return out
 
-    # -- chat completions
+    # -- chat completions (a body as sent, which its declaration has checked: chat_api)
     @classmethod
     def from_chat(cls, body: dict[str, Any], messages: list[dict[str, Any]], last_user: int) -> ClientToolsRequest:
         request = cls()
-        for index, tool in enumerate(_tool_list(body.get("tools"))):
-            param = f"tools[{index}]"
-            tool = _object(tool, param)
-            if tool.get("type", "function") != "function":
-                raise _bad(f"{param}.type must be 'function'", f"{param}.type")
-            function = _object(tool.get("function"), f"{param}.function")
-            _name(function.get("name"), f"{param}.function.name")
-            request.tools.append({"type": "function", "function": function})
-        choice = body.get("tool_choice")
-        if choice is not None:  # an object (a function, allowed tools, ...) is the upstream's to check
-            if not isinstance(choice, dict) and choice not in TOOL_CHOICES:
-                raise _bad("tool_choice must be 'auto', 'none', 'required' or an object", "tool_choice")
-            request.tool_choice = choice
-        request.parallel_tool_calls = _parallel(body)
+        for tool in body.get("tools") or ():
+            request.tools.append({"type": "function", "function": tool["function"]})
+        # (an object, a function or allowed tools, is the upstream's to check)
+        request.tool_choice = body.get("tool_choice")
+        request.parallel_tool_calls = body.get("parallel_tool_calls")
         response_format = body.get("response_format")
-        if response_format is not None:
-            response_format = _object(response_format, "response_format")
-            if response_format.get("type") not in ("text", "json_object", "json_schema"):
-                raise _bad("response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format")
-            if response_format["type"] != "text":
-                request.response_format = response_format
-        for index in range(last_user + 1, len(messages)):
-            message = messages[index]
+        if response_format is not None and response_format["type"] != "text":
+            request.response_format = response_format
+        for message in messages[last_user + 1 :]:
             if message["role"] == "assistant":
-                request.messages.append(_chat_assistant(message, f"messages[{index}]"))
+                request.messages.append(_chat_assistant(message))
             elif message["role"] == "tool":
-                request.messages.append(_chat_tool(message, f"messages[{index}]"))
+                content = _text_of(message.get("content"))
+                request.messages.append({"role": "tool", "tool_call_id": message["tool_call_id"], "content": content})
         request._note_fields("response_format")
         return request
 
@@ -205,31 +158,13 @@ def _part_text(part: Any) -> str:
     return str(part.get("text", "")) if isinstance(part, dict) else ""
 
 
-def _chat_assistant(message: dict[str, Any], param: str) -> dict[str, Any]:
+def _chat_assistant(message: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"role": "assistant", "content": _text_of(message.get("content")) or None}
-    calls = message.get("tool_calls")
-    if calls is not None:
-        if not isinstance(calls, list):
-            raise _bad(f"{param}.tool_calls must be a list", f"{param}.tool_calls")
-        kept = []
-        for index, call in enumerate(calls):
-            where = f"{param}.tool_calls[{index}]"
-            call = _object(call, where)
-            function = _object(call.get("function"), f"{where}.function")
-            arguments = function.get("arguments", "")
-            if not isinstance(arguments, str):
-                raise _bad(f"{where}.function.arguments must be a string", f"{where}.function.arguments")
-            if not isinstance(call.get("id"), str):
-                raise _bad(f"{where}.id must be a string", f"{where}.id")
-            name = _name(function.get("name"), f"{where}.function.name")
-            kept.append({"id": call["id"], "type": "function", "function": {"name": name, "arguments": arguments}})
-        if kept:
-            out["tool_calls"] = kept
+    kept = []
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        name, arguments = function["name"], function.get("arguments", "")
+        kept.append({"id": call["id"], "type": "function", "function": {"name": name, "arguments": arguments}})
+    if kept:
+        out["tool_calls"] = kept
     return out
-
-
-def _chat_tool(message: dict[str, Any], param: str) -> dict[str, Any]:
-    call_id = message.get("tool_call_id")
-    if not isinstance(call_id, str) or not call_id:
-        raise _bad(f"{param}.tool_call_id must be a string", f"{param}.tool_call_id")
-    return {"role": "tool", "tool_call_id": call_id, "content": _text_of(message.get("content"))}
