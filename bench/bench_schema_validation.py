@@ -22,7 +22,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from agent_gateway import ToolError
-from agent_gateway.json_schema import FORMAT_CHECKER
+from agent_gateway.json_schema import format_checker
 from agent_gateway.plugins.workspace.tools import Settings, WorkspaceTools
 from agent_gateway.tools import validate_schema
 
@@ -120,7 +120,7 @@ def call(validate: Callable[[Any, Mapping[str, Any]], None], schema: Mapping[str
 
 def uncached(value: Any, schema: Mapping[str, Any]) -> None:
     """What building the validator on every call would cost (not what the gateway does)."""
-    error = next(Draft202012Validator(schema, format_checker=FORMAT_CHECKER).iter_errors(value), None)
+    error = next(Draft202012Validator(schema, format_checker=format_checker()).iter_errors(value), None)
     if error is not None:
         raise ToolError("invalid_arguments", error.message)
 

@@ -28,12 +28,11 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jsonschema.exceptions import ValidationError
-from jsonschema.protocols import Validator
-
-from agent_gateway.json_schema import compile_schema, error_message, first_error
+from agent_gateway.json_schema import SchemaValidator, compile_schema, error_message, first_error
 
 if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+
     from agent_gateway.tools import Tool
 
 log = logging.getLogger("agent_gateway.descriptors")
@@ -98,8 +97,8 @@ class FieldSpec:
     schema: Mapping[str, Any] | None = field(default=None, compare=False)
     # Validators of the kind (and options) and of the declared schema, built once when the field
     # is declared: an invalid schema is refused then, naming the field.
-    _kind_validator: Validator = field(init=False, repr=False, compare=False)
-    _schema_validator: Validator | None = field(init=False, repr=False, compare=False)
+    _kind_validator: SchemaValidator = field(init=False, repr=False, compare=False)
+    _schema_validator: SchemaValidator | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         owner = f"settings field {self.key!r}" + (f" of agent {self.agent_id!r}" if self.agent_id else "")

@@ -35,9 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jsonschema.protocols import Validator
-
-from agent_gateway.json_schema import cached_validator, compile_schema, error_message, first_error, type_name
+from agent_gateway.json_schema import (
+    SchemaValidator,
+    cached_validator,
+    compile_schema,
+    error_message,
+    first_error,
+    type_name,
+)
 from agent_gateway.models import Run, now_ms
 from agent_gateway.paths import FileVersion, PathError, ResolvedPath, current_version, resolve_path
 from agent_gateway.workspace_access import WorkspaceAccess
@@ -270,7 +275,7 @@ def validate_schema(value: Any, schema: Mapping[str, Any], where: str = "argumen
     _raise_invalid(cached_validator(schema, f"the schema for {where}"), value, where)
 
 
-def _raise_invalid(validator: Validator, value: Any, where: str) -> None:
+def _raise_invalid(validator: SchemaValidator, value: Any, where: str) -> None:
     error = first_error(validator, value)
     if error is not None:
         raise ToolError("invalid_arguments", error_message(error, where))
@@ -373,7 +378,7 @@ class ToolFacade:
         self.journal = journal
         self.workspace_roots = dict(workspace_roots or {})
         self._tools: dict[str, Tool] = {}
-        self._validators: dict[str, Validator] = {}
+        self._validators: dict[str, SchemaValidator] = {}
         self.write_observers: list[WriteObserver] = []
         # Re-resolved on the server when each run starts, whatever a client cached.
         self.disabled_by_run: dict[str, frozenset[str]] = {}
