@@ -9,6 +9,7 @@ docs/ag-ui.md.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -45,11 +46,10 @@ def config_sections(register: Callable[..., None]) -> None:
 
 @hookimpl
 def register_routes(routes: PluginRoutes) -> None:
-    try:
-        from .routes import setup
-    except ImportError as exc:
-        if exc.name is None or not exc.name.startswith(("ag_ui", "pydantic")):
-            raise
+    # (the SDK itself is imported when a stream is first encoded: its models cost start-up time)
+    if importlib.util.find_spec("ag_ui") is None:
         log.info(MISSING)  # an optional extra, not a fault: the default install has no AG-UI
         return
+    from .routes import setup
+
     setup(routes, routes.config.section(SECTION)["client_tools"])

@@ -11,23 +11,26 @@ input, as AG-UI's frontend tools do). For another runtime, non-empty ``tools`` a
 
 from __future__ import annotations
 
-from typing import Any
-
-from ag_ui.core import RunAgentInput
+from typing import TYPE_CHECKING, Any
 
 from agent_gateway import ApiError
+
+from .declared import text_of
+
+if TYPE_CHECKING:
+    from .declared import AgUiRunInput
 
 IGNORED_HEADER = "X-Agent-Gateway-Ignored"
 
 
-def _last_user(run_input: RunAgentInput) -> int:
+def _last_user(run_input: AgUiRunInput) -> int:
     for index in range(len(run_input.messages) - 1, -1, -1):
         if run_input.messages[index].role == "user":
             return index
     return -1
 
 
-def _exchange(run_input: RunAgentInput) -> list[dict[str, Any]]:
+def _exchange(run_input: AgUiRunInput) -> list[dict[str, Any]]:
     """The assistant tool calls and tool results after the last user message, in the chat shape."""
     out: list[dict[str, Any]] = []
     messages = run_input.messages
@@ -39,25 +42,24 @@ def _exchange(run_input: RunAgentInput) -> list[dict[str, Any]]:
                     "type": "function",
                     "function": {"name": c.function.name, "arguments": c.function.arguments},
                 }
-                for c in message.tool_calls or ()
+                for c in message.toolCalls or ()
             ]
             item: dict[str, Any] = {"role": "assistant", "content": message.content or None}
             if calls:
                 item["tool_calls"] = calls
             out.append(item)
         elif message.role == "tool":
-            out.append({"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content})
+            out.append({"role": "tool", "tool_call_id": message.toolCallId, "content": text_of(message.content)})
     return out
 
 
-def client_tools(body: Any, runtime: Any, mode: str, agent_id: str) -> tuple[dict[str, Any] | None, list[str]]:
-    """``(options.clientTools or None, ignored fields)`` of a valid ``RunAgentInput`` body."""
+def client_tools(
+    run_input: AgUiRunInput, runtime: Any, mode: str, agent_id: str
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """``(options.clientTools or None, ignored fields)`` of a valid ``RunAgentInput``."""
     if runtime is None:  # an unknown agent: the run's creation answers 404
         return None, []
-    run_input = RunAgentInput.model_validate(body)
-    tools = [
-        {"type": "function", "function": t.model_dump(by_alias=True, exclude_none=True)} for t in run_input.tools or ()
-    ]
+    tools = [{"type": "function", "function": t.model_dump(exclude_none=True)} for t in run_input.tools or ()]
     exchange = _exchange(run_input)
     has_results = any(m["role"] == "tool" or m.get("tool_calls") for m in exchange)
     fields = (["tools"] if tools else []) + (["tool results"] if has_results else [])

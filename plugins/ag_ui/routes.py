@@ -1,348 +1,66 @@
 """``POST /v1/ag-ui/{agentId}`` (a run from an AG-UI ``RunAgentInput``, streamed as AG-UI events)
-and ``GET /v1/ag-ui/runs/{runId}/stream`` (the same stream, resumed after ``Last-Event-ID``)."""
+and ``GET /v1/ag-ui/runs/{runId}/stream`` (the same stream, resumed after ``Last-Event-ID``), as
+declared in :mod:`.declared`. The AG-UI SDK (``ag_ui``, in :mod:`.mapping`) is imported when a
+stream is first encoded, not at start-up."""
 
 from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any
 
-from ag_ui.core import RunAgentInput
 from aiohttp import web
-from pydantic import ValidationError
 
 from agent_gateway import ApiError, read_json
 
 from .client_tools import IGNORED_HEADER, client_tools
-from .mapping import CURSOR, AgUiTranslator, Resumption, group_frames, merged_from
+from .declared import RESUME, RUN, AgUiRunInput
 
 if TYPE_CHECKING:
     from agent_gateway import Event, PluginRoutes, Run
 
+    from .mapping import AgUiTranslator
+
 # Journal events read per page when a resumed stream rebuilds what the client had.
 PREFIX_PAGE = 2000
-# The keys of `forwardedProps.agentGateway` that go into the gateway run as they are.
-GATEWAY_PROPS = ("workspaceId", "context", "options", "parentRunId", "multitaskStrategy")
 MULTITASK_HEADER = "X-Agent-Gateway-Multitask"
 SESSION_AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"
-MULTITASK_STRATEGIES = ["enqueue", "reject", "interrupt", "rollback"]
-
-_ERRORS = {
-    code: {"$ref": f"#/components/responses/{name}"}
-    for code, name in (
-        ("400", "BadRequest"),
-        ("401", "Unauthorized"),
-        ("403", "Forbidden"),
-        ("404", "NotFound"),
-        ("503", "ServiceUnavailable"),
-    )
-}
-VISIBLE = "[^\\s\\u001c-\\u001f\\u0085\\ufeff]"  # a non-blank text, as the core's ids and messages
-_ID = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": VISIBLE}
-_STREAM_200 = {
-    "description": "text/event-stream of AG-UI events: each frame an `id` (`<seq>`, or `<seq>:<k>` before the last "
-    "frame of a journal event's group) and the official encoder's `data` line (one AG-UI event as JSON); `: ping` "
-    "comments as heartbeat; the stream ends after RUN_FINISHED or RUN_ERROR",
-    "content": {
-        "text/event-stream": {
-            "schema": {
-                "type": "object",
-                "required": ["id", "data"],
-                "properties": {
-                    "id": {"type": "string", "pattern": "^[0-9]{18}(:[0-9]{1,6})?$"},
-                    "data": {"type": "string", "contentMediaType": "application/json"},
-                },
-            }
-        }
-    },
-}
-_TAGS = ["AG-UI (ag_ui plugin)"]
-_TEXT_PART = {
-    "type": "object",
-    "required": ["type", "text"],
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-}
-_PARTS = {"type": "array", "items": _TEXT_PART}
-_MESSAGE = {
-    "description": "An AG-UI message (the last user message is the run's; the earlier ones choose the session of a "
-    "thread the caller does not have yet: docs/sessions.md, conversation affinity; for an agent that takes client "
-    "tools, the assistant tool calls and tool results after the last user message are read too)",
-    "oneOf": [
-        {
-            "type": "object",
-            "required": ["id", "role", "content"],
-            "properties": {
-                "id": {"type": "string"},
-                "role": {"enum": ["user"]},
-                "content": {"oneOf": [{"type": "string"}, _PARTS]},
-            },
-        },
-        {
-            "type": "object",
-            "required": ["id", "role", "content"],
-            "properties": {
-                "id": {"type": "string"},
-                "role": {"enum": ["system", "developer"]},
-                "content": {"type": "string"},
-            },
-        },
-        {
-            "type": "object",
-            "required": ["id", "role"],
-            "properties": {
-                "id": {"type": "string"},
-                "role": {"const": "assistant"},
-                "content": {"type": "string"},
-                "toolCalls": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["id", "type", "function"],
-                        "properties": {
-                            "id": {"type": "string"},
-                            "type": {"const": "function"},
-                            "function": {
-                                "type": "object",
-                                "required": ["name", "arguments"],
-                                "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}},
-                            },
-                        },
-                    },
-                },
-            },
-        },
-        {
-            "type": "object",
-            "required": ["id", "role", "content", "toolCallId"],
-            "properties": {
-                "id": {"type": "string"},
-                "role": {"const": "tool"},
-                "content": {"type": "string"},
-                "toolCallId": {"type": "string"},
-            },
-        },
-    ],
-}
-# The last user message with text is the run's message: at least one must have some.
-_HAS_USER_TEXT = {
-    "type": "object",
-    "required": ["role", "content"],
-    "properties": {
-        "role": {"const": "user"},
-        "content": {
-            "anyOf": [
-                {"type": "string", "pattern": VISIBLE},
-                {
-                    "type": "array",
-                    "contains": {
-                        "type": "object",
-                        "required": ["type", "text"],
-                        "properties": {"type": {"const": "text"}, "text": {"type": "string", "pattern": VISIBLE}},
-                    },
-                },
-            ]
-        },
-    },
-}
-_GATEWAY_PROPS = {
-    "type": "object",
-    "description": "Fields of the gateway run",
-    "properties": {
-        "workspaceId": _ID,
-        "context": {
-            "type": ["object", "null"],
-            "properties": {"allowedRoots": {"type": "array", "items": {"type": "string"}}},
-        },
-        "options": {"type": ["object", "null"]},
-        "parentRunId": {"type": ["string", "null"]},
-        "multitaskStrategy": {"type": ["string", "null"], "enum": [*MULTITASK_STRATEGIES, None]},
-    },
-}
-RUN_OPENAPI: dict[str, Any] = {
-    "operationId": "agUiRun",
-    "summary": "Run an agent from an AG-UI RunAgentInput and stream AG-UI events",
-    "description": "threadId is the gateway session (a new thread whose input carries earlier messages goes to the "
-    "caller's session those messages continue, or starts with them as history: RUN_STARTED "
-    "metadata.agentGateway.sessionId and the X-Agent-Gateway-Session header say which), runId the idempotency key "
-    "(requestId), the last user message with text the run's message. `forwardedProps.agentGateway` may carry "
-    "workspaceId, context, options, parentRunId and multitaskStrategy for the gateway run; the "
-    "`X-Agent-Gateway-Multitask` header (enqueue, reject, interrupt, rollback) wins over it. See docs/ag-ui.md.",
-    "tags": _TAGS,
-    "parameters": [
-        {
-            "name": "agentId",
-            "in": "path",
-            "required": True,
-            "schema": {"$ref": "#/components/schemas/AgentId"},
-        },
-    ],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "description": "AG-UI RunAgentInput",
-                    "required": ["threadId", "runId", "messages"],
-                    "properties": {
-                        "threadId": _ID,
-                        "runId": _ID,
-                        "parentRunId": {"type": ["string", "null"]},
-                        "state": {},
-                        "messages": {"type": "array", "items": _MESSAGE, "contains": _HAS_USER_TEXT},
-                        "tools": {
-                            "type": ["array", "null"],
-                            "items": {
-                                "type": "object",
-                                "required": ["name", "description"],
-                                "properties": {"name": {"type": "string"}, "description": {"type": "string"}},
-                            },
-                        },
-                        "context": {
-                            "type": ["array", "null"],
-                            "items": {
-                                "type": "object",
-                                "required": ["description", "value"],
-                                "properties": {"description": {"type": "string"}, "value": {"type": "string"}},
-                            },
-                        },
-                        "forwardedProps": {
-                            "description": "Any value; an object's `agentGateway` holds fields of the gateway run",
-                            "if": {"type": "object"},
-                            "then": {"properties": {"agentGateway": _GATEWAY_PROPS}},
-                        },
-                    },
-                }
-            }
-        },
-    },
-    "responses": {
-        "200": _STREAM_200,
-        **_ERRORS,
-        "409": {"$ref": "#/components/responses/Conflict"},
-        "413": {"$ref": "#/components/responses/PayloadTooLarge"},
-        "415": {"$ref": "#/components/responses/UnsupportedMediaType"},
-        "429": {"$ref": "#/components/responses/TooManyRequests"},
-    },
-}
-STREAM_OPENAPI: dict[str, Any] = {
-    "operationId": "agUiStream",
-    "summary": "Resume a run's AG-UI stream after Last-Event-ID (a prelude re-opens what the client had open)",
-    "tags": _TAGS,
-    "parameters": [
-        {
-            "name": "runId",
-            "in": "path",
-            "required": True,
-            "schema": {"type": "string", "minLength": 1},
-            "description": "The gateway's hostRunId (RUN_STARTED metadata.agentGateway.hostRunId), or the AG-UI "
-            "runId together with threadId",
-        },
-        {
-            "name": "threadId",
-            "in": "query",
-            "schema": {"type": "string"},
-            "description": "The AG-UI threadId: runId is then the AG-UI runId the client sent",
-        },
-        {
-            "name": "workspaceId",
-            "in": "query",
-            "schema": {"type": "string"},
-            "description": "With threadId: the workspace of the run (default `default`)",
-        },
-        {
-            "name": "Last-Event-ID",
-            "in": "header",
-            "schema": {"type": "string", "pattern": "^([0-9]{1,18}(:[0-9]{1,6})?)?$"},
-            "description": "The id of the last frame received: resume right after it",
-        },
-    ],
-    "responses": {"200": _STREAM_200, **_ERRORS},
-}
-
-
-VISIBLE_TEXT = re.compile(VISIBLE)
 NOT_IN_A_HEADER = re.compile(r"[\x00-\x1f\x7f]")
+NOT_AN_INPUT = "not an AG-UI RunAgentInput: "
 
 
-def _user_text(content: Any) -> str | None:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # multimodal parts: the text ones
-        texts = [getattr(part, "text", None) for part in content]
-        return "".join(t for t in texts if isinstance(t, str)) or None
-    return None
-
-
-def earlier_turns(body: Any) -> list[tuple[str, str]]:
-    """``(role, text)`` of a ``RunAgentInput``'s messages before its last user message with text
-    (already validated by :func:`run_body`): the history conversation affinity looks at."""
-    messages = body.get("messages") if isinstance(body, dict) else None
-    if not isinstance(messages, list):
-        return []
-    last = 0
-    for index, item in enumerate(messages):
-        if isinstance(item, dict) and item.get("role") == "user":
-            text = _raw_text(item.get("content"))
-            if VISIBLE_TEXT.search(text):
-                last = index
-    return [
-        (str(item.get("role")), _raw_text(item.get("content"))) for item in messages[:last] if isinstance(item, dict)
-    ]
-
-
-def _raw_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
-
-
-def run_body(agent_id: str, body: Any) -> dict[str, Any]:
-    """The ``POST /v1/runs`` body of an AG-UI ``RunAgentInput``; a 400 :class:`ApiError` if it is not one."""
+def parse_input(body: Any) -> AgUiRunInput:
+    """``body`` as the declared ``RunAgentInput``; a 400 naming the field (``not an AG-UI
+    RunAgentInput: ...``), or the declaration's own refusal."""
     try:
-        run_input = RunAgentInput.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise ApiError(400, "invalid_request", f"not an AG-UI RunAgentInput: {where}: {first.get('msg')}") from None
-    message = None
-    for item in reversed(run_input.messages):
-        if item.role == "user":
-            message = _user_text(item.content)
-            if message is not None and VISIBLE_TEXT.search(message):
-                break
-            message = None
-    if not message:
-        raise ApiError(400, "invalid_request", "RunAgentInput.messages holds no user message with text")
-    props = run_input.forwarded_props
-    gateway = props.get("agentGateway") if isinstance(props, dict) else None
-    if isinstance(props, dict) and "agentGateway" in props and not isinstance(gateway, dict):
-        raise ApiError(400, "invalid_request", "forwardedProps.agentGateway must be an object")
-    request: dict[str, Any] = {k: gateway[k] for k in GATEWAY_PROPS if gateway and k in gateway}
-    if "multitaskStrategy" in request and request["multitaskStrategy"] is None:
-        del request["multitaskStrategy"]  # null is "not chosen" (the declared schema allows it): the default
-    context = request.get("context", {})
-    if context is None:  # as the core takes a null context
-        context = {}
-    if not isinstance(context, dict):
-        raise ApiError(400, "invalid_request", "forwardedProps.agentGateway.context must be an object")
+        return RUN.parse_body(body)
+    except ApiError as exc:
+        named = "field" in exc.extra or str(exc) == "the body must be a JSON object"
+        if exc.code == "invalid_request" and named:
+            raise ApiError(400, exc.code, NOT_AN_INPUT + str(exc), **exc.extra) from None
+        raise  # a validator's own refusal: its whole message
+
+
+def run_body(agent_id: str, run_input: AgUiRunInput) -> dict[str, Any]:
+    """The ``POST /v1/runs`` body of a valid ``RunAgentInput``."""
+    gateway = run_input.gateway_props
+    request: dict[str, Any] = gateway.run_fields() if gateway is not None else {}
+    context = request.get("context") or {}  # (null: as the core takes it)
     # What the runtime may use from AG-UI: the client's context entries and tool declarations.
     extra = {
-        "context": [c.model_dump(by_alias=True, exclude_none=True) for c in run_input.context or ()],
-        "tools": [t.model_dump(by_alias=True, exclude_none=True) for t in run_input.tools or ()],
+        "context": [c.model_dump(exclude_none=True) for c in run_input.context or ()],
+        "tools": [t.model_dump(exclude_none=True) for t in run_input.tools or ()],
     }
     if extra["context"] or extra["tools"]:
         context = {**context, "agUi": extra}
     request.update(
-        requestId=run_input.run_id,
+        requestId=run_input.runId,
         agentId=agent_id,
-        sessionId=run_input.thread_id,
-        message=message,
+        sessionId=run_input.threadId,
+        message=run_input.message,
         context=context,
     )
-    if run_input.parent_run_id and "parentRunId" not in request:
-        request["parentRunId"] = run_input.parent_run_id
+    if run_input.parentRunId and "parentRunId" not in request:
+        request["parentRunId"] = run_input.parentRunId
     return request
 
 
@@ -352,6 +70,8 @@ class AgUiRoutes:
         self.client_tools = client_tools  # "reject" or "ignore" for an agent that cannot take them
 
     def _encoder(self, translator: AgUiTranslator) -> Any:
+        from .mapping import group_frames, merged_from
+
         content_frame, translate = translator.content_frame, translator.translate
 
         def encode(events: list[Event]) -> bytes:
@@ -370,21 +90,17 @@ class AgUiRoutes:
         return encode
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        raw = await read_json(request)
-        body = run_body(request.match_info["agentId"], raw)
-        agent = body["agentId"]
-        options, ignored = client_tools(raw, self.routes.runtime(agent), self.client_tools, agent)
+        agent = RUN.parse_path(request).agentId
+        run_input = parse_input(await read_json(request))
+        body = run_body(agent, run_input)
+        options, ignored = client_tools(run_input, self.routes.runtime(agent), self.client_tools, agent)
         if options is not None and isinstance(body.get("options") or {}, dict):
             body["options"] = {**(body.get("options") or {}), "clientTools": options}
         thread_id = body["sessionId"]
         strategy = request.headers.get(MULTITASK_HEADER)
         if strategy is not None:  # wins over forwardedProps; the core checks it (a 400 naming the strategies)
-            if body.get("multitaskStrategy") not in (None, *MULTITASK_STRATEGIES):
-                raise ApiError(
-                    400, "invalid_request", "forwardedProps.agentGateway.multitaskStrategy is not a strategy"
-                )
             body["multitaskStrategy"] = strategy.strip()
-        plan = await self._conversation(request, body, earlier_turns(raw))
+        plan = await self._conversation(request, body, run_input.earlier_turns)
         body["sessionId"] = plan.session_id
         try:
             run, _created = await self.routes.create_run(request, body)
@@ -398,6 +114,8 @@ class AgUiRoutes:
             response.headers["Retry-After"] = str(refused.extra.get("retryAfterSeconds", 1))
             return response
         self.routes.follow_conversation(run, plan, body["message"])
+        from .mapping import AgUiTranslator
+
         translator = AgUiTranslator(run)
         translator.ignored = ignored
         translator.thread_id = thread_id  # as sent, whichever session the run went to
@@ -435,10 +153,11 @@ class AgUiRoutes:
 
     async def _find(self, request: web.Request) -> Run:
         actor = self.routes.actor(request)
-        run_id = request.match_info["runId"]
-        thread_id = request.query.get("threadId")
+        run_id = RESUME.parse_path(request).runId
+        query = RESUME.parse_query(request)
+        thread_id = query.threadId
         if thread_id:
-            workspace_id = request.query.get("workspaceId") or "default"
+            workspace_id = query.workspaceId or "default"
             run = await self.routes.run_by_request(actor, thread_id, run_id, workspace_id)
         else:
             run = await self.routes.run(run_id, actor)
@@ -447,6 +166,8 @@ class AgUiRoutes:
         return run
 
     async def resume(self, request: web.Request) -> web.StreamResponse:
+        from .mapping import CURSOR, AgUiTranslator
+
         run = await self._find(request)
         cursor = request.headers.get("Last-Event-ID", "").strip()
         match = CURSOR.fullmatch(cursor) if cursor else None
@@ -464,6 +185,8 @@ class AgUiRoutes:
 
     async def _rebuild(self, run: Run, translator: AgUiTranslator, after: int, cut: int | None, cursor: str) -> bytes:
         """What a resumed stream sends first, from the journal up to seq ``after`` (see Resumption)."""
+        from .mapping import Resumption
+
         resumption = Resumption(translator, after, cut)
         seen = 0
         for _page in range(after // PREFIX_PAGE + 2):  # bounded: seqs are at most `after` here
@@ -480,5 +203,5 @@ class AgUiRoutes:
 
 def setup(routes: PluginRoutes, client_tools: str = "reject") -> None:
     handlers = AgUiRoutes(routes, client_tools)
-    routes.add("POST", "/v1/ag-ui/{agentId}", handlers.create, openapi=RUN_OPENAPI)
-    routes.add("GET", "/v1/ag-ui/runs/{runId}/stream", handlers.resume, openapi=STREAM_OPENAPI)
+    routes.add(RUN, handlers.create)
+    routes.add(RESUME, handlers.resume)
