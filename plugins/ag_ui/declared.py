@@ -200,7 +200,8 @@ class AgUiGatewayProps(BaseModel):
     """Fields of the gateway run (as `POST /v1/runs` takes them; other keys are ignored)."""
 
     model_config = REQUEST
-    workspaceId: Identifier | None = None
+    # (no null: the core takes a workspace id or none, default `default`)
+    workspaceId: Identifier = Field(None, description="the run's workspace (default `default`)")
     context: dict[str, Any] | None = Field(
         None,
         description="the run's context (`allowedRoots`, ...)",
@@ -222,7 +223,7 @@ class AgUiGatewayProps(BaseModel):
 
 class AgUiForwardedProps(BaseModel):
     model_config = REQUEST
-    agentGateway: AgUiGatewayProps | None = None
+    agentGateway: AgUiGatewayProps = Field(None)  # (no null: refused, as before)
 
     @model_validator(mode="before")
     @classmethod
