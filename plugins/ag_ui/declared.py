@@ -58,7 +58,19 @@ AgUiContentPart = Annotated[
         custom_error_message="must be a content part (type text, image, audio, video or document)",
     ),
 ]
-AgUiContent = str | list[AgUiContentPart]
+
+
+def _content_kind(value: Any) -> str | None:
+    return "<text>" if isinstance(value, str) else "<parts>" if isinstance(value, list) else None
+
+
+# Text, or a list of content parts.
+AgUiContent = Annotated[
+    Annotated[str, Tag("<text>")] | Annotated[list[AgUiContentPart], Tag("<parts>")],
+    Discriminator(
+        _content_kind, custom_error_type="content_type", custom_error_message="must be a string or a list of parts"
+    ),
+]
 
 
 def text_of(content: Any) -> str:
