@@ -170,7 +170,7 @@ AgUiMessage = Annotated[
 
 # What the document says of "a user message with visible text" (the validator below checks it).
 _VISIBLE_TEXT = {"type": "string", "pattern": VISIBLE.pattern}
-HAS_USER_TEXT = {
+HAS_USER_TEXT: dict[str, Any] = {
     "type": "object",
     "required": ["role", "content"],
     "properties": {
@@ -213,7 +213,7 @@ class AgUiGatewayProps(BaseModel):
 
     model_config = REQUEST
     # (no null: the core takes a workspace id or none, default `default`)
-    workspaceId: Identifier = Field(None, description="the run's workspace (default `default`)")
+    workspaceId: Identifier = Field(None, description="the run's workspace (default `default`)")  # type: ignore[assignment]
     context: dict[str, Any] | None = Field(
         None,
         description="the run's context (`allowedRoots`, ...)",
@@ -235,7 +235,8 @@ class AgUiGatewayProps(BaseModel):
 
 class AgUiForwardedProps(BaseModel):
     model_config = REQUEST
-    agentGateway: AgUiGatewayProps = Field(None)  # (no null: refused, as before)
+    # (absent, or an object: a null is refused, as before)
+    agentGateway: AgUiGatewayProps = Field(None)  # type: ignore[assignment]
 
     @model_validator(mode="before")
     @classmethod
