@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,14 @@ async def test_bad_input_is_a_clear_4xx(make_gateway: MakeGateway) -> None:
         ({**agui_input(), "messages": [{"id": "a", "role": "assistant", "content": "x"}]}, 400, "no user message"),
         ({**agui_input(), "forwardedProps": {"agentGateway": 3}}, 400, "agentGateway"),
         ([1, 2], 400, "RunAgentInput"),
+        # the declared input names the bad field (the document's, /openapi.json)
+        ({**agui_input(), "messages": [{"id": "a", "role": "robot"}]}, 400, "messages.0 must be a message with a role"),
+        ({**agui_input(), "threadId": " "}, 400, "threadId must be a non-empty string"),
+        (
+            {**agui_input(), "forwardedProps": {"agentGateway": {"multitaskStrategy": "later"}}},
+            400,
+            "forwardedProps.agentGateway.multitaskStrategy must be one of",
+        ),
     ]
     for body, status, words in cases:
         response = await client.post("/v1/ag-ui/chat-only", json=body, headers=auth)
@@ -425,6 +434,18 @@ async def test_without_the_ag_ui_package_the_routes_are_off_and_the_log_says_why
     paths = (await (await client.get("/openapi.json")).json())["paths"]
     assert not [path for path in paths if path.startswith("/v1/ag-ui/")]
     assert (await client.post("/v1/runs", json={**agui_input(), "agentId": "x"})).status == 400  # the rest works
+
+
+def test_serving_the_routes_builds_no_ag_ui_model_until_a_stream_is_encoded() -> None:
+    # The SDK's event models cost start-up time; validating an input needs none of them.
+    code = (
+        "import sys; from agent_gateway.plugins.ag_ui import routes; "
+        "routes.parse_input({'threadId': 't', 'runId': 'r', "
+        "'messages': [{'id': '1', 'role': 'user', 'content': 'hi'}]}); "
+        "print(sorted(m for m in sys.modules if m.startswith('ag_ui')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert loaded.stdout.strip() == "[]", loaded.stdout
 
 
 def test_a_cut_inside_a_merged_delta_resumes_from_the_unmerged_journal_without_loss() -> None:
