@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Generic, Literal
+from typing import Annotated, Any, Generic, Literal, get_args
 
 from aiohttp import web
 from pydantic import AfterValidator, BaseModel, Field, ValidationError, WithJsonSchema
@@ -399,6 +399,44 @@ def merge_components(into: dict[str, Any], schemas: Mapping[str, Any], where: st
         if name in into and into[name] != schema:
             raise PluginError(f"{where}: the component schema {name!r} is already declared differently")
         into[name] = schema
+
+
+MAX_MODELS_WALKED = 10_000  # annotations looked at per route: a declaration has a few dozen models
+
+
+def _models_in(annotation: Any, found: dict[str, type[BaseModel]], where: str, budget: list[int]) -> None:
+    """Every model class ``annotation`` reaches (its fields', list items', union members', ...)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        taken = found.get(annotation.__name__)
+        if taken is annotation:
+            return
+        if taken is not None:
+            raise PluginError(f"{where}: two different models are named {annotation.__name__!r}")
+        found[annotation.__name__] = annotation
+        for model_field in annotation.model_fields.values():
+            _models_in(model_field.annotation, found, where, budget)
+        return
+    for argument in get_args(annotation):
+        _models_in(argument, found, where, budget)
+
+
+def model_names(route: Route[Any, Any, Any]) -> dict[str, type[BaseModel]]:
+    """The component schema names ``route``'s document will use, and the model of each: found
+    from the model classes alone, without building a JSON Schema (cheap, at start-up). Two
+    different models under one name are a :class:`PluginError`."""
+    found: dict[str, type[BaseModel]] = {}
+    roots: list[Any] = [route.body, route.query, route.params]
+    for response in route.responses.values():
+        roots.append(response.model)
+        roots.extend(given for given in response.content.values() if isinstance(given, type))
+    budget = [MAX_MODELS_WALKED]
+    for root in roots:
+        if root is not None:
+            _models_in(root, found, f"route {route.method} {route.path}", budget)
+    return found
 
 
 def declared_paths(routes: Iterable[Route[Any, Any, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

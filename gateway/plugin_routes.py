@@ -13,11 +13,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from aiohttp import web
@@ -26,13 +25,15 @@ from agent_gateway.affinity import ConversationAffinity, ConversationPlan
 from agent_gateway.api_models import RunRequest
 from agent_gateway.auth import ACTOR_ID, Actor, Auth, identity
 from agent_gateway.declare import PATH_VARIABLE as _VARIABLE
-from agent_gateway.declare import Route, merge_components, openapi_path, parse_model
+from agent_gateway.declare import Route, merge_components, model_names, openapi_path, parse_model
 from agent_gateway.errors import ErrorShape, PluginError
 from agent_gateway.preferences import Preferences
 from agent_gateway.sse import RunEnded, Streams, stream_run
 from agent_gateway.workspace_access import WorkspaceAccess, workspace_not_found
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from agent_gateway.config import Config
     from agent_gateway.journal import Journal
     from agent_gateway.models import Event, Run
@@ -83,6 +84,11 @@ class PluginRoutes:
         self._router = router
         self._openapi: dict[str, dict[str, Any]] = {}
         self._components: dict[str, Any] = {}  # the declared routes' component schemas, by name
+        # Declared routes whose operations are not built yet: pydantic builds a model's JSON Schema
+        # slowly (about 50 ms for the built-in plugins' routes), so the document is built when first
+        # read, not at start-up; the model names are checked at once (declare.model_names).
+        self._pending: list[Route[Any, Any, Any]] = []
+        self._model_names: dict[str, type[BaseModel]] = {}
         self.error_shapes: dict[str, ErrorShape] = {}  # by canonical route path (errors.ERROR_SHAPES)
         self._on_shutdown: list[ShutdownCallback] = []
         self._closed = False
@@ -128,12 +134,12 @@ class PluginRoutes:
         ``error_shape(status, code, message, extra)``, when given, returns the JSON error body of
         every refusal on this path (another protocol's error shape), those of the core's
         middleware (401, 403, 413) included."""
-        components: dict[str, Any] = {}
+        declared: Route[Any, Any, Any] | None = None
+        operation: dict[str, Any] = {}
         if isinstance(method, Route):
-            route, handler = method, path  # type: ignore[assignment]
-            method, path = route.method, route.path
-            operation, components = route.openapi_operation()
-            error_shape = route.error_shape
+            declared, handler = method, path  # type: ignore[assignment]
+            method, path = declared.method, declared.path
+            error_shape = declared.error_shape
         elif not isinstance(path, str) or handler is None:
             raise PluginError("routes.add takes (route, handler) or (method, path, handler)")
         else:
@@ -156,7 +162,13 @@ class PluginRoutes:
         if self._serves(method, path):
             raise PluginError(f"route {method} {path} is already served (by the core or another plugin)")
         # checked before the route is served: a clash leaves nothing behind
-        merge_components(dict(self._components), components, f"route {method} {path}")
+        names = model_names(declared) if declared is not None else {}
+        for name, model in names.items():
+            taken = self._model_names.get(name)
+            if taken is not None and taken is not model:
+                raise PluginError(
+                    f"route {method} {path}: the component schema {name!r} is already declared by another model"
+                )
         if self._deps.auth.authorizing:  # only then: no extra frame per request otherwise
             handler = self._authorized(handler)
         if method == "GET":
@@ -165,8 +177,11 @@ class PluginRoutes:
             served = self._router.add_route(method, path, handler)
         if error_shape is not None and served.resource is not None:
             self.error_shapes[served.resource.canonical] = error_shape
-        self._components.update(components)  # (in place: the core holds a live view)
-        self._openapi.setdefault(openapi_path(path), {})[method.lower()] = operation
+        self._model_names.update(names)
+        if declared is not None:
+            self._pending.append(declared)
+        else:
+            self._openapi.setdefault(openapi_path(path), {})[method.lower()] = operation
 
     def _authorized(self, handler: Handler) -> Handler:
         """``handler`` behind ``authorize(actor, "routes:call", {"type": "route", ...})``."""
@@ -396,15 +411,23 @@ class PluginRoutes:
         return await asyncio.get_running_loop().run_in_executor(self._deps.executor, fn, *args)
 
     # -- for the core ---------------------------------------------------------------------------------
+    def _build_pending(self) -> None:
+        """The operations and component schemas of the declared routes not built yet."""
+        while self._pending:
+            route = self._pending.pop(0)
+            operation, components = route.openapi_operation()
+            merge_components(self._components, components, f"route {route.method} {route.path}")
+            self._openapi.setdefault(route.openapi_path, {})[route.method.lower()] = operation
+
     @property
     def openapi_paths(self) -> Mapping[str, Mapping[str, Any]]:
-        """The OpenAPI path items of every plugin route, read-only."""
-        return MappingProxyType(self._openapi)
+        """The OpenAPI path items of every plugin route, read-only (built when first read)."""
+        return _BuiltWhenRead(self._openapi, self._build_pending)
 
     @property
     def openapi_components(self) -> Mapping[str, Any]:
-        """The component schemas the declared plugin routes refer to, by name (read when served)."""
-        return MappingProxyType(self._components)
+        """The component schemas the declared plugin routes refer to, by name (built when first read)."""
+        return _BuiltWhenRead(self._components, self._build_pending)
 
     def close(self) -> None:
         """No more routes: called once every plugin's register_routes has run."""
@@ -428,3 +451,22 @@ class PluginRoutes:
             if resource is not None and _shape(resource.canonical) == shape and route.method in (method, "*"):
                 return True
         return False
+
+
+class _BuiltWhenRead(Mapping[str, Any]):
+    """A read-only view of ``data`` that runs ``build`` (which fills it) before every read."""
+
+    def __init__(self, data: Mapping[str, Any], build: Callable[[], None]) -> None:
+        self._data, self._build = data, build
+
+    def __getitem__(self, key: str) -> Any:
+        self._build()
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        self._build()
+        return iter(dict(self._data))
+
+    def __len__(self) -> int:
+        self._build()
+        return len(self._data)

@@ -242,3 +242,55 @@ async def test_public_url_is_what_agents_are_given(served: Any) -> None:
 def test_public_url_must_be_an_http_url(tmp_path: Path) -> None:
     config = config_for(tmp_path, "http://127.0.0.1:9/v1", gateway={"public_url": "gw.example.org"})
     assert any("gateway.public_url: must be an http:// or https:// URL" in p for p in config.problems())
+
+
+# -- declared routes: names checked at start-up, the document built when first read -------------------
+
+
+def _declaring(path: str, body: type[Any]) -> Any:
+    from agent_gateway import Route, RouteResponse
+
+    class Declares:
+        @hookimpl
+        def register_routes(self, routes: PluginRoutes) -> None:
+            async def handler(request: web.Request) -> web.Response:
+                return web.json_response({})
+
+            routes.add(Route("POST", path, "Take a note", body=body, responses={200: RouteResponse("ok")}), handler)
+
+    return Declares()
+
+
+def _note_model(field: str) -> type[Any]:
+    from pydantic import BaseModel, create_model
+
+    model: type[BaseModel] = create_model("Note", **{field: (str, ...)})  # type: ignore[call-overload]
+    return model
+
+
+def test_two_plugins_declaring_different_models_under_one_name_are_refused_at_start_up(tmp_path: Path) -> None:
+    plugins = (_declaring("/v1/notes/a", _note_model("text")), _declaring("/v1/notes/b", _note_model("title")))
+    with pytest.raises(PluginError, match="the component schema 'Note' is already declared by another model"):
+        create_app(config_for(tmp_path, "http://127.0.0.1:9/v1"), PluginHost.load(env={}, extra=plugins))
+
+
+async def test_a_declared_route_is_in_the_document_built_on_first_read(tmp_path: Path) -> None:
+    model = _note_model("text")
+    schema_built: list[str] = []
+    real = model.model_json_schema
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        schema_built.append(model.__name__)
+        return real(*args, **kwargs)
+
+    model.model_json_schema = counting  # type: ignore[method-assign]
+    plugins = (_declaring("/v1/notes/a", model), _declaring("/v1/notes/b", model))  # one model, two routes: fine
+    app = create_app(config_for(tmp_path, "http://127.0.0.1:9/v1"), PluginHost.load(env={}, extra=plugins))
+    assert schema_built == []  # start-up built no JSON Schema
+    async with TestClient(TestServer(app)) as client:
+        spec = await (await client.get("/openapi.json")).json()
+    note = {"$ref": "#/components/schemas/Note"}
+    for path in ("/v1/notes/a", "/v1/notes/b"):
+        assert spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"] == note
+    assert spec["components"]["schemas"]["Note"]["required"] == ["text"]
+    assert schema_built
