@@ -45,13 +45,13 @@ from .common import (
     SESSION_HEADER,
     TAG,
     TOO_LARGE,
-    TOOL_CHOICES,
     AgentId,
     Metadata,
     OpenAIErrorDetail,
     error_answer,
     format_type,
     openai_error,
+    tool_choice_kind,
     tool_list,
     wrong,
 )
@@ -199,17 +199,11 @@ class ChatTool(BaseModel):
     function: ChatFunction
 
 
-def _tool_choice_kind(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return "<object>"
-    return "<mode>" if isinstance(value, str) and value in TOOL_CHOICES else None
-
-
 ToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("<mode>")]
     | Annotated[dict[str, Any], Tag("<object>"), Field(description="a function or allowed tools: the upstream's")],
     Discriminator(
-        _tool_choice_kind,
+        tool_choice_kind,
         custom_error_type="tool_choice",
         custom_error_message="must be 'auto', 'none', 'required' or an object",
     ),

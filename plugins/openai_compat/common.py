@@ -17,6 +17,15 @@ TAG = "openai-compatible (plugin)"
 MAX_ID_LENGTH = 200
 MAX_TOOLS = 128
 TOOL_CHOICES = frozenset({"auto", "none", "required"})
+
+
+def tool_choice_kind(value: Any) -> str | None:
+    """A ``tool_choice``'s union member (chat and Responses alike): a mode, or an object."""
+    if isinstance(value, dict):
+        return "<object>"
+    return "<mode>" if isinstance(value, str) and value in TOOL_CHOICES else None
+
+
 FORMAT_TYPES = ("text", "json_object", "json_schema")
 SESSION_HEADER = "X-Agent-Gateway-Session"
 AFFINITY_HEADER = "X-Agent-Gateway-Session-Affinity"

@@ -39,12 +39,12 @@ from .common import (
     RUN_HEADERS,
     TAG,
     TOO_LARGE,
-    TOOL_CHOICES,
     AgentId,
     Metadata,
     error_answer,
     format_type,
     openai_error,
+    tool_choice_kind,
     tool_list,
     wrong,
 )
@@ -193,17 +193,11 @@ class ResponseToolChoiceFunction(BaseModel):
     name: ToolName
 
 
-def _choice_kind(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return "<function>"
-    return "<mode>" if isinstance(value, str) and value in TOOL_CHOICES else None
-
-
 ToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("<mode>")]
-    | Annotated[ResponseToolChoiceFunction, Tag("<function>")],
+    | Annotated[ResponseToolChoiceFunction, Tag("<object>")],
     Discriminator(
-        _choice_kind,
+        tool_choice_kind,
         custom_error_type="choice_kind",
         custom_error_message="must be 'auto', 'none', 'required' or a function",
     ),
