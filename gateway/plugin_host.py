@@ -96,7 +96,9 @@ class PluginHost:
         identities: dict[int, tuple[str | None, str | None]] = {}
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             dist = getattr(ep, "dist", None)
-            identity = identities.get(id(dist)) or identities.setdefault(id(dist), _identity(dist))
+            if id(dist) not in identities:
+                identities[id(dist)] = _identity(dist)
+            identity = identities[id(dist)]
             if is_builtin(ep, identity[0]):
                 if builtins is False or (builtins is not True and ep.name not in builtins):
                     continue

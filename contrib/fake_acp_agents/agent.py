@@ -117,16 +117,18 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import pydantic
-from pydantic._internal import _fields
 
 if __name__ == "__main__":
     # The suite starts this agent about 160 times. Importing the SDK builds its ~270 pydantic
     # models and reads every field's docstring from the source: about 0.25 s of CPU per start,
     # for descriptions this agent never shows. Run as a program (nothing else shares this
     # process's pydantic), the models are built on first use instead, with the same validation,
-    # and field docstrings are not read.
+    # and field docstrings are not read (a private hook: where a pydantic lacks it, they are).
     pydantic.BaseModel.model_config = pydantic.ConfigDict(defer_build=True)
-    _fields.extract_docstrings_from_cls = lambda cls, use_inspect=False: {}
+    with contextlib.suppress(ImportError):
+        from pydantic._internal import _fields
+
+        _fields.extract_docstrings_from_cls = lambda cls, use_inspect=False: {}
 
 from acp import (
     RequestError,
