@@ -141,9 +141,11 @@ async def _bench(gateways: dict[str, tuple[str, int]], upstream_pid: int, runs: 
     print(json.dumps(report, indent=1))
 
 
-def _start_gateway(python: str, data_dir: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+def _start_gateway(
+    python: str, data_dir: str, env: dict[str, str], cwd: str | Path = ROOT
+) -> tuple[subprocess.Popen[str], str]:
     command = [python, "-m", "agent_gateway", "serve", "--port", "0", "--data-dir", data_dir]
-    gateway = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT, env=env)
+    gateway = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd, env=env)
     assert gateway.stdout is not None
     found = re.search(r"listening on (\S+)", gateway.stdout.readline())
     if not found:
@@ -171,8 +173,13 @@ def main() -> None:
             gateways: dict[str, tuple[str, int]] = {}
             for name, python in pythons.items():
                 data_dir = stack.enter_context(tempfile.TemporaryDirectory())
-                # The baseline's own checkout comes first on its path (PYTHONPATH names this one).
-                gateway, url = _start_gateway(python, data_dir, env if name == "this" else {**env, "PYTHONPATH": ""})
+                # The baseline's own checkout only: not this one on its path (PYTHONPATH), nor as its
+                # working directory, whose package metadata (an editable install's) lists this
+                # checkout's plugins.
+                if name == "this":
+                    gateway, url = _start_gateway(python, data_dir, env)
+                else:
+                    gateway, url = _start_gateway(python, data_dir, {**env, "PYTHONPATH": ""}, cwd=data_dir)
                 stack.callback(gateway.wait, timeout=30)
                 stack.callback(gateway.terminate)
                 gateways[name] = (url, gateway.pid)

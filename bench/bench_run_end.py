@@ -97,15 +97,18 @@ async def _drive(url: str, args: argparse.Namespace) -> tuple[dict[str, Any], li
     return end, back
 
 
-def _round(python: str, args: argparse.Namespace) -> dict[str, Any]:
+def _round(python: str, args: argparse.Namespace, baseline: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as data_dir:
         log_path = Path(data_dir) / "index.log"
+        # A baseline runs its own checkout only: this one is neither on its path (PYTHONPATH) nor
+        # its working directory, whose package metadata (an editable install's) lists this
+        # checkout's plugins.
         proc = subprocess.Popen(
             [python, str(SERVER), data_dir],
             stdout=subprocess.PIPE,
             text=True,
-            cwd=ROOT,
-            env={**ENV, "BENCH_INDEX_LOG": str(log_path)},
+            cwd=data_dir if baseline else ROOT,
+            env={**ENV, "BENCH_INDEX_LOG": str(log_path), **({"PYTHONPATH": ""} if baseline else {})},
         )
         try:
             assert proc.stdout is not None
@@ -168,7 +171,7 @@ def main() -> None:
     for number in range(args.rounds):
         names = list(variants) if number % 2 == 0 else list(reversed(variants))  # interleaved
         for name in names:
-            result = _round(variants[name], args)
+            result = _round(variants[name], args, baseline=name == "baseline")
             results[name].append(result)
             first = result["first_delta_ms"]
             print(
