@@ -122,7 +122,9 @@ class Storage(Protocol):
 
     def put_run_digest(self, digest: dict[str, Any]) -> None:
         """Store what an ended run contributes (question, answer, tools, files, counts, mode),
-        replacing an earlier digest of that run, and recompute its session's counts and search."""
+        replacing an earlier digest of that run, and recompute its session's counts and search.
+        The question and answer hold at most the first ``DIGEST_TEXT_CHARS`` characters
+        (``agent_gateway.routes.sessions.indexer``)."""
 
     def get_session_index(self, actor_id: str, session_id: str) -> dict[str, Any] | None: ...
 

@@ -13,7 +13,7 @@ from agent_gateway.models import Event, Run
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.plugins.journal_peewee.sessions import MAX_SEARCH_TEXT
 from agent_gateway.routes import sessions as sessions_routes
-from agent_gateway.routes.sessions.indexer import RunFold, run_digest
+from agent_gateway.routes.sessions.indexer import DIGEST_TEXT_CHARS, RunFold, run_digest
 from agent_gateway.transcript import project_transcript, run_transcript
 from tests._harness import gateway_of, run_to_end
 from tests._sessions import ALICE, auth, body, gateway, get_json
@@ -85,6 +85,29 @@ def test_the_fold_gives_the_digest_of_the_whole_journal() -> None:
         assert fold.ended
         expected = run_digest(run, project_transcript(events, run_transcript(run)))
         assert run_digest(run, fold.transcript(run)) == expected
+
+
+def test_a_long_answer_is_folded_up_to_what_a_digest_carries() -> None:
+    """A digest carries the start of a long answer: the fold keeps no more of its deltas, and its
+    digest is still the whole journal's (a final answer after the cut replaces what was kept)."""
+    for final_at in (None, 30_000):
+        run = _run("run_long")
+        kinds = [("message.delta", {"text": f"kelp {i} "}) for i in range(40_000)]  # about 350,000 characters
+        if final_at is not None:
+            kinds.insert(final_at, ("message.completed", {"text": "the final kelp answer"}))
+        events = [
+            Event(run.host_run_id, 1, "run.created", "gateway", {}),
+            *(Event(run.host_run_id, seq, kind, "bench", payload) for seq, (kind, payload) in enumerate(kinds, 2)),
+            Event(run.host_run_id, len(kinds) + 2, "run.completed", "gateway", {"status": "completed"}),
+        ]
+        fold = RunFold(run.host_run_id)
+        for at in range(0, len(events), 1000):
+            assert fold.add(events[at : at + 1000])
+        assert fold.kept < DIGEST_TEXT_CHARS + 20  # the delta that reached the cut is the last kept
+        digest = run_digest(run, fold.transcript(run))
+        assert digest == run_digest(run, project_transcript(events, run_transcript(run)))
+        assert len(digest["answer"]) == DIGEST_TEXT_CHARS
+        assert digest["answer"].startswith("the final kelp answer" if final_at else "kelp 0 kelp 1 ")
 
 
 def test_a_fold_refuses_events_that_do_not_follow_it() -> None:
