@@ -11,11 +11,11 @@ from typing import Any
 
 from agent_gateway.models import Event, Run
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
-from agent_gateway.plugins.journal_peewee.sessions import MAX_SEARCH_TEXT
+from agent_gateway.plugins.journal_peewee.sessions import MAX_SEARCH_TEXT, SessionIndexMixin
 from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.routes.sessions.indexer import DIGEST_TEXT_CHARS, RunFold, run_digest
 from agent_gateway.transcript import project_transcript, run_transcript
-from tests._harness import gateway_of, run_to_end
+from tests._harness import gateway_of, run_to_end, storage_fixture  # noqa: F401  (fixtures)
 from tests._sessions import ALICE, auth, body, gateway, get_json
 
 
@@ -212,3 +212,80 @@ async def test_a_fold_that_fails_never_stops_the_run(make_gateway: Any, storage_
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]
     assert (session["messageCount"], session["toolCount"]) == (2, 1)
     assert (await _indexer(client)).folds == {}
+
+
+def _index_row(storage: PeeweeStorage, session_id: str) -> tuple[Any, ...]:
+    row = storage.database.execute_sql(
+        f"SELECT questions, answers, tools, files, message_count, tool_count, last_mode FROM {storage._si}"
+        f" WHERE actor_id = {'?' if storage.is_sqlite else '%s'} AND session_id = {'?' if storage.is_sqlite else '%s'}",
+        ("alice", session_id),
+    ).fetchone()
+    return tuple(row)
+
+
+def _found(storage: PeeweeStorage, words: list[str]) -> list[list[tuple[str, float]]]:
+    return [
+        [(hit["session_id"], hit["score"]) for hit in storage.search_session_index("alice", word, limit=20)]
+        for word in words
+    ]
+
+
+def test_a_session_text_kept_turn_by_turn_is_the_one_recomputed_from_every_digest(
+    storage: PeeweeStorage, monkeypatch: Any
+) -> None:
+    """A run's end adds its digest to the session's counts and search text (the session's other
+    turns unread) when it is the session's newest; a digest that replaces one, or comes in older
+    than another, has them recomputed. Either way the row and the search are what a recompute
+    from every digest makes, on SQLite and PostgreSQL, with texts past the cut and empty ones."""
+    monkeypatch.setattr("agent_gateway.plugins.journal_peewee.sessions.MAX_SEARCH_TEXT", 3_000)
+    rng = random.Random(4)
+    recomputed: list[str] = []
+    recompute = SessionIndexMixin._recompute_session
+    monkeypatch.setattr(
+        SessionIndexMixin,
+        "_recompute_session",
+        lambda self, actor_id, session_id: (recomputed.append(session_id), recompute(self, actor_id, session_id)),
+    )
+    words = ["kelp", "tide", "reef", "brine", "gull"]
+    for session in range(3):
+        session_id = f"s-turns-{session}"
+        runs = []
+        for number in range(25):
+            run = _run(f"run_{session}_{number:02d}", session_id, f"{rng.choice(words)} question {number}")
+            run.created_at = 1_000 + number + (rng.randrange(-3, 1) if session == 2 else 0)  # some out of order
+            storage.insert_run(run)
+            storage.touch_session_index(run)
+            runs.append(run)
+        order = runs[:] if session == 0 else rng.sample(runs, len(runs))
+        for again in rng.sample(runs[:15], 5):  # indexed again (a replacement), later on
+            order.insert(rng.randrange(order.index(again) + 1, len(order) + 1), again)
+        expected_appends = 0
+        newest: tuple[int, str] | None = None
+        seen: set[str] = set()
+        for run in order:
+            answer = " ".join(rng.choice(words) for _ in range(rng.choice((0, 3, 200))))
+            transcript = {
+                "question": run.request["message"] if rng.random() > 0.1 else "",
+                "answer": {"text": answer, "final": True},
+                "tools": [{"tool": rng.choice(words)}] if rng.random() > 0.5 else [],
+                "files": [{"path": f"notes/{rng.choice(words)}.md"}] if rng.random() > 0.7 else [],
+                "citations": [],
+                "sessionMode": rng.choice((None, "", "fresh", "loaded", "native_live")),
+                "agentSessionId": None,
+            }
+            key = (run.created_at, run.host_run_id)
+            if run.host_run_id not in seen and (newest is None or newest < key):
+                expected_appends += 1
+            seen.add(run.host_run_id)
+            newest = key if newest is None else max(newest, key)
+            # As the indexer writes an ended run: its row (the run's own mode), then its digest.
+            run.session_mode, run.updated_at = rng.choice((None, "fresh", "loaded")), 2_000 + len(seen)
+            storage.touch_session_index(run)
+            storage.put_run_digest(run_digest(run, transcript))
+            kept, found = _index_row(storage, session_id), _found(storage, words)
+            recompute(storage, "alice", session_id)
+            assert (_index_row(storage, session_id), _found(storage, words)) == (kept, found)
+        assert recomputed.count(session_id) == len(order) - expected_appends
+        if session == 0:
+            assert recomputed.count(session_id) == 5  # in order: only the replacements recomputed
+        assert len(kept[1]) == 3_000  # the answers reached the cut

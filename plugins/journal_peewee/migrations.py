@@ -347,5 +347,15 @@ def journal_3(ctx: MigrationContext) -> None:
 
 
 # Append only: the Nth function brings the journal to version N.
-JOURNAL_MIGRATIONS: tuple[Migration, ...] = (journal_1, journal_2, journal_3)
+def journal_4(ctx: MigrationContext) -> None:
+    """an index of each session's run digests by age: a run's end finds its session's newest
+    digest without reading the others"""
+    rd = ctx.table("run_digests")
+    ctx.sql(
+        f"CREATE INDEX IF NOT EXISTS {ctx.prefix}run_digests_age ON {rd}"
+        " (actor_id, session_id, created_at, host_run_id)"
+    )
+
+
+JOURNAL_MIGRATIONS: tuple[Migration, ...] = (journal_1, journal_2, journal_3, journal_4)
 JOURNAL_VERSION = len(JOURNAL_MIGRATIONS)

@@ -201,8 +201,10 @@ class SessionIndexMixin:
 
     def put_run_digest(self, digest: dict[str, Any]) -> None:
         """Store what an ended run contributes to its session (replacing an earlier digest of the
-        same run), then recompute the session's counts and searchable text. Nothing for a run no
-        longer stored (its session was deleted meanwhile)."""
+        same run), then bring the session's counts and searchable text up to date: the new run's
+        added to them when its digest is the session's latest and new (the common case), else
+        recomputed from every digest. Nothing for a run no longer stored (its session was deleted
+        meanwhile)."""
         columns = (
             "host_run_id",
             "actor_id",
@@ -226,15 +228,25 @@ class SessionIndexMixin:
             digest[c][:MAX_SEARCH_TEXT] if c in _DIGEST_TEXTS and isinstance(digest[c], str) else digest[c]
             for c in columns
         ]
+        actor_id, session_id = digest["actor_id"], digest["session_id"]
         with self._write():
             if not self._run_stored(digest["host_run_id"]):
                 return
+            latest = self._sql(
+                f"SELECT created_at, host_run_id FROM {self._rd} WHERE actor_id = ? AND session_id = ?"
+                " ORDER BY created_at DESC, host_run_id DESC LIMIT 1",
+                (actor_id, session_id),
+            ).fetchone()
             self._sql(
                 f"INSERT INTO {self._rd} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
                 f" ON CONFLICT (host_run_id) DO UPDATE SET {updates}",
                 values,
             )
-            self._recompute_session(digest["actor_id"], digest["session_id"])
+            # Past every digest of the session (so not one replacing its own): appended.
+            if latest is None or tuple(latest) < (digest["created_at"], digest["host_run_id"]):
+                self._append_to_session(dict(zip(columns, values, strict=True)))
+            else:
+                self._recompute_session(actor_id, session_id)
 
     def _run_stored(self, host_run_id: str) -> bool:
         runs = self._qualified(self.models.run._meta.table_name)
@@ -279,7 +291,52 @@ class SessionIndexMixin:
         )
         self._reindex_search(actor_id, session_id)
 
-    def _reindex_search(self, actor_id: str, session_id: str) -> None:
+    def _append_to_session(self, digest: dict[str, Any]) -> None:
+        """What `_recompute_session` makes of the session's digests when `digest` is the newest of
+        them, from the index row alone: a session's end of turn reads and writes its row, not
+        every earlier turn's texts (1,000 turns of 2,000 characters: 9 ms of CPU a turn)."""
+        actor_id, session_id = digest["actor_id"], digest["session_id"]
+        row = self._sql(
+            f"SELECT id, title, questions, answers, tools, files, message_count, tool_count FROM {self._si}"
+            " WHERE actor_id = ? AND session_id = ?",
+            (actor_id, session_id),
+        ).fetchone()
+        if row is None:
+            return  # no index row to update (as the recompute's UPDATE would find none)
+        row_id, title, *texts = row[:6]
+        message_count, tool_count = row[6:]
+        joined = [
+            (old + "\n" + value if old else value)[:MAX_SEARCH_TEXT] if value else old
+            for old, value in zip(texts, (digest[c] for c in ("question", "answer", "tools", "files")), strict=True)
+        ]
+        mode = digest["mode"] or self._last_digest_mode(actor_id, session_id)
+        counts = (message_count + digest["message_count"], tool_count + digest["tool_count"], mode)
+        if joined == texts and any(texts):
+            # Every text is at its cut (or the run added none) and was indexed with it: the search
+            # text stands; only the counts change.
+            self._sql(
+                f"UPDATE {self._si} SET message_count = ?, tool_count = ?, last_mode = COALESCE(?, last_mode)"
+                " WHERE id = ?",
+                (*counts, row_id),
+            )
+            return
+        self._sql(
+            f"UPDATE {self._si} SET questions = ?, answers = ?, tools = ?, files = ?, message_count = ?,"
+            " tool_count = ?, last_mode = COALESCE(?, last_mode) WHERE id = ?",
+            (*joined, *counts, row_id),
+        )
+        self._reindex_search(actor_id, session_id, (row_id, title, *joined))
+
+    def _last_digest_mode(self, actor_id: str, session_id: str) -> str | None:
+        """The mode of the session's newest digest that has one (what the recompute keeps)."""
+        found = self._sql(
+            f"SELECT mode FROM {self._rd} WHERE actor_id = ? AND session_id = ? AND mode IS NOT NULL AND mode <> ''"
+            " ORDER BY created_at DESC, host_run_id DESC LIMIT 1",
+            (actor_id, session_id),
+        ).fetchone()
+        return found[0] if found else None
+
+    def _reindex_search(self, actor_id: str, session_id: str, row: Sequence[Any] | None = None) -> None:
         if not self.is_sqlite:
             self._sql(
                 f"UPDATE {self._si} SET search_doc ="
@@ -292,10 +349,12 @@ class SessionIndexMixin:
                 (*[PG_LT] * 5, actor_id, session_id),
             )
             return
-        row = self._sql(
-            f"SELECT id, title, questions, answers, tools, files FROM {self._si} WHERE actor_id = ? AND session_id = ?",
-            (actor_id, session_id),
-        ).fetchone()
+        if row is None:  # (the caller may have the row's id, title and texts at hand)
+            row = self._sql(
+                f"SELECT id, title, questions, answers, tools, files FROM {self._si}"
+                " WHERE actor_id = ? AND session_id = ?",
+                (actor_id, session_id),
+            ).fetchone()
         if row is None:
             return
         self._sql(f"DELETE FROM {self._fts} WHERE rowid = ?", (row[0],))
