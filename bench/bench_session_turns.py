@@ -1,5 +1,5 @@
-"""A long session's end of turn: the session index's work when its N-th run ends, against a
-baseline checkout's, in the same invocation.
+"""A long session's end of turn, and a search over long sessions: the session index's work, against
+a baseline checkout's, in the same invocation.
 
     python bench/bench_session_turns.py [--turns 1000] [--answer 2000] [--rounds 3]
         [--baseline-python /path/to/venv-of-a-baseline/bin/python]
@@ -8,7 +8,10 @@ The peewee journal on SQLite in a temporary directory, driven in-process (no gat
 one session, `--turns` runs one after the other, each with an answer of `--answer` characters;
 for each, `touch_session_index` and `put_run_digest` as the session indexer makes them when a run
 ends. Prints the CPU of `put_run_digest` (the thread's) at the 10th, 100th and last turns: the
-median of the 10 turns up to each. `--baseline-python`: a Python whose `agent_gateway` is the
+median of the 10 turns up to each. Then a search: 20 sessions, each one run whose answer is
+100,000 characters of prose from a 20-word vocabulary, and `search_session_index` for a page of
+20 with the queries `t`, `th` and `kelp` (prefixes match), the median of 3 of each, wall time.
+`--baseline-python`: a Python whose `agent_gateway` is the
 baseline (another checkout in its own venv) runs the same workload in a child process; the rounds
 alternate between the two. The fixture here is the storage itself: the ratio is the whole figure.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -73,6 +77,55 @@ def _turns(turns: int, answer_chars: int) -> dict[str, float]:
     return {f"turn_{m}_ms": round(statistics.median(cpu_ms[max(0, m - 10) : m]), 3) for m in marks}
 
 
+def _search() -> dict[str, float]:
+    from agent_gateway.models import Run
+    from agent_gateway.plugins.journal_peewee import PeeweeStorage
+    from agent_gateway.routes.sessions.indexer import run_digest
+
+    rng = random.Random(1)
+    vocabulary = "the tide turned toward a reef and kelp forests thrived while gulls waited on rocky shores".split()
+    with tempfile.TemporaryDirectory() as data_dir:
+        storage = PeeweeStorage(f"sqlite:///{Path(data_dir) / 'journal.db'}")
+        storage.open()
+        try:
+            for number in range(20):
+                run = Run(
+                    host_run_id=f"run_{number}",
+                    request_id=f"request_{number}",
+                    agent_id="bench",
+                    provider="bench",
+                    session_id=f"session_{number}",
+                    actor_id="bench",
+                    workspace_id="w",
+                    status="completed",
+                    request={"message": "tell me about the sea"},
+                )
+                storage.insert_run(run)
+                storage.touch_session_index(run)
+                answer = " ".join(rng.choice(vocabulary) for _ in range(17_000))[:100_000]
+                transcript = {
+                    "question": "tell me about the sea",
+                    "answer": {"text": answer, "final": True},
+                    "tools": [],
+                    "files": [],
+                    "citations": [],
+                    "sessionMode": None,
+                    "agentSessionId": None,
+                }
+                storage.put_run_digest(run_digest(run, transcript))
+            found: dict[str, float] = {}
+            for query in ("t", "th", "kelp"):
+                times = []
+                for _ in range(3):
+                    started = time.perf_counter()
+                    assert len(storage.search_session_index("bench", query, limit=20)) == 20
+                    times.append((time.perf_counter() - started) * 1000)
+                found[f"search_{query}_ms"] = round(statistics.median(times), 2)
+            return found
+        finally:
+            storage.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=1000)
@@ -82,7 +135,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_turns(args.turns, args.answer)))
+        print(json.dumps({**_turns(args.turns, args.answer), **_search()}))
         return
     pythons = {"this": sys.executable}
     if args.baseline_python:

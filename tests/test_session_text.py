@@ -7,6 +7,7 @@ markers; U+0001, PostgreSQL's stand-in for ``<``) can become highlight markup.""
 from __future__ import annotations
 
 import html
+import random
 import re
 from typing import Any
 
@@ -114,6 +115,51 @@ async def test_markdown_export_keeps_each_body_inside_its_message(make_gateway: 
     found = headings(await response.text())
     assert [tag for tag, _ in found] == ["h1", "h2", "h2"]
     assert found[0][1] == "<b>*Bold*</b> [x](javascript:alert(1)) # two"
+
+
+def _snippet_by_every_word(text: str, terms: list[str], words: int = 16) -> list[tuple[str, bool]]:
+    """What a snippet is, from every word of the text (the gateway's reads only what it shows)."""
+    word = re.compile(r"\w+")
+    prefixes = tuple(term.casefold() for term in terms)
+    spans = [m.span() for m in word.finditer(text)]
+    hits = {i for i, (a, b) in enumerate(spans) if text[a:b].casefold().startswith(prefixes)}
+    if not spans:
+        return [(text[:200], False)] if text.strip() else []
+    first = min(hits, default=0)
+    start = max(0, min(first - words // 4, len(spans) - words))
+    end = min(len(spans), start + words)
+    pieces: list[tuple[str, bool]] = [("…", False)] if start > 0 else []
+    at = spans[start][0]
+    for i in range(start, end):
+        a, b = spans[i]
+        if i in hits:
+            if a > at:
+                pieces.append((text[at:a], False))
+            pieces.append((text[a:b], True))
+            at = b
+    if spans[end - 1][1] > at:
+        pieces.append((text[at : spans[end - 1][1]], False))
+    if end < len(spans):
+        pieces.append(("…", False))
+    return pieces
+
+
+def test_a_snippet_is_the_same_whatever_the_number_of_hits() -> None:
+    """Built from the first hit on (its time does not grow with the hits, as SQLite's snippet()
+    does with their square), a snippet is what the words of the whole text make: hits anywhere,
+    many or none, near either end, punctuation and other scripts between the words."""
+    from agent_gateway.plugins.journal_peewee.sessions import snippet_pieces
+
+    rng = random.Random(9)
+    vocabulary = ["kelp", "Kelpie", "tide", "TIDAL", "reef", "gull", "a", "über", "Öl", "海藻", "x1", "_"]
+    for _case in range(400):
+        count = rng.choice((0, 1, 3, 15, 16, 17, 40, 300))
+        parts = [rng.choice(vocabulary) + rng.choice(("", " ", " ", ", ", " … ", "\n", "!? ")) for _ in range(count)]
+        text = rng.choice(("", " ", "— ")) + "".join(parts)
+        terms = rng.sample(["kel", "tid", "gull", "öl", "海", "zzz", "a"], rng.randrange(1, 3))
+        assert snippet_pieces(text, terms) == _snippet_by_every_word(text, terms), (text, terms)
+    many = "kelp " * 25_000  # every word a hit
+    assert snippet_pieces(many, ["kelp"]) == _snippet_by_every_word(many, ["kelp"])
 
 
 def test_a_snippet_built_by_the_gateway_shows_the_words_around_the_first_hit() -> None:

@@ -12,10 +12,12 @@ per ended run, and full-text search with the database's own engine.
   ``snippet``); PostgreSQL a ``tsvector`` column with a GIN index (``ts_rank_cd``,
   ``ts_headline``), text configuration ``simple`` (no stemming: works the same for any language).
 
-A snippet is a list of ``(text, hit)`` pieces, so no stored character can pass for a hit marker:
-the engines mark hits with U+E000 … U+E001, and a row whose text holds one of those (or, on
-PostgreSQL, U+0001, which stands in for ``<`` so ``ts_headline`` keeps text that looks like a
-tag) gets its snippet from :func:`snippet_pieces` instead. The API layer escapes the pieces.
+A snippet is a list of ``(text, hit)`` pieces, so no stored character can pass for a hit marker.
+On SQLite every snippet is built by :func:`snippet_pieces` from the stored texts (FTS5's
+``snippet()`` takes time in the square of a row's hits). PostgreSQL's ``ts_headline`` marks hits
+with U+E000 … U+E001; a row whose text holds one of those (or U+0001, which stands in for ``<`` so
+``ts_headline`` keeps text that looks like a tag) gets its snippet from :func:`snippet_pieces`
+instead. The API layer escapes the pieces.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 PG_LT = "\x01"
 # Words of context a snippet shows (as FTS5 snippet()'s 16 tokens).
 SNIPPET_WORDS = 16
+# Characters before a snippet's first hit read back for the words shown before it.
+SNIPPET_LOOKBACK = 4096
 Snippet = list[tuple[str, bool]]
 
 _INDEX_COLUMNS = (
@@ -92,29 +96,42 @@ def marked_pieces(marked: str, restore: dict[str, str] | None = None) -> Snippet
 
 
 def snippet_pieces(text: str, terms: Sequence[str], words: int = SNIPPET_WORDS) -> Snippet:
-    """A snippet of ``text`` built here (for text an engine's markers could be confused with):
-    ``words`` words around the first word a term starts (case-insensitive), those words hits."""
-    prefixes = tuple(term.casefold() for term in terms)
-    spans = [m.span() for m in _WORD.finditer(text)]
-    hits = {i for i, (a, b) in enumerate(spans) if text[a:b].casefold().startswith(prefixes)}
-    if not spans:
+    """A snippet of ``text`` built here: ``words`` words around the first word a term starts
+    (case-insensitive), those words hits (a window near the end shows more words before it). Its
+    work is a scan up to the first hit and the words shown, however many hits the text holds:
+    SQLite's ``snippet()`` grows with the square of them (one 100,000-character answer took it
+    0.9 s for a one-letter query)."""
+    if not terms:
         return [(text[:200], False)] if text.strip() else []
-    first = min(hits, default=0)
-    start = max(0, min(first - words // 4, len(spans) - words))
-    end = min(len(spans), start + words)
-    pieces: Snippet = [("…", False)] if start > 0 else []
-    at = spans[start][0]
-    for i in range(start, end):
-        a, b = spans[i]
-        if i in hits:
-            if a > at:
-                pieces.append((text[at:a], False))
+    starts = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(term) for term in terms) + ")", re.IGNORECASE)
+    found = starts.search(text)
+    at = found.start() if found else 0
+    back = max(0, at - SNIPPET_LOOKBACK)
+    before = [m.span() for m in _WORD.finditer(text, back, at)]
+    if before and before[0][0] == back > 0 and _WORD.match(text, back - 1):
+        before.pop(0)  # a word the look-back cut
+    after: list[tuple[int, int]] = []
+    for match in _WORD.finditer(text, at):
+        after.append(match.span())
+        if len(after) == words:
+            break
+    if not after and not before:
+        return [(text[:200], False)] if text.strip() else []
+    # A quarter of the window before the hit, more when the text ends within it (none without a hit).
+    lead = min(len(before), max(words // 4 if found else 0, words - len(after)))
+    shown = before[len(before) - lead :] + after[: words - lead]
+    pieces: Snippet = [("…", False)] if _WORD.search(text, 0, shown[0][0]) else []
+    position = shown[0][0]
+    for a, b in shown:
+        if starts.match(text, a):
+            if a > position:
+                pieces.append((text[position:a], False))
             pieces.append((text[a:b], True))
-            at = b
-    stop = spans[end - 1][1]
-    if stop > at:
-        pieces.append((text[at:stop], False))
-    if end < len(spans):
+            position = b
+    stop = shown[-1][1]
+    if stop > position:
+        pieces.append((text[position:stop], False))
+    if _WORD.search(text, stop):
         pieces.append(("…", False))
     return pieces
 
@@ -496,42 +513,45 @@ class SessionIndexMixin:
             return []
         columns = ", ".join(f"si.{c}" for c in _INDEX_COLUMNS)
         where, params = self._filters(actor_id, agent_id, statuses, "si.")
-        restore: dict[str, str] = {}
+        n = len(_INDEX_COLUMNS)
         if self.is_sqlite:
             match = " ".join('"' + term.replace('"', '""') + '"*' for term in terms)
-            text = " || ".join(f"{self._fts}.{c}" for c in ("title", "questions", "answers", "tools", "files"))
-            # A row holding a marker character gets its snippet built here (`reserved`).
+            # Snippets are built here from the texts (`snippet_pieces`), not by FTS5's snippet(),
+            # whose time grows with the square of a row's hits.
             rows = self._sql(
-                f"SELECT {columns}, snippet({self._fts}, -1, ?, ?, '…', {SNIPPET_WORDS}) AS snip,"
-                f" bm25({self._fts}, 6.0, 4.0, 2.0, 1.0, 1.0) AS score,"
-                f" instr({text}, ?) > 0 OR instr({text}, ?) > 0 AS reserved"
+                f"SELECT {columns}, si.title, si.questions, si.answers, si.tools, si.files,"
+                f" bm25({self._fts}, 6.0, 4.0, 2.0, 1.0, 1.0) AS score"
                 f" FROM {self._fts} JOIN {self._si} si ON si.id = {self._fts}.rowid"
                 f" WHERE {self._fts} MATCH ? AND {where} ORDER BY score, si.session_id LIMIT ? OFFSET ?",
-                [HIT_START, HIT_END, HIT_START, HIT_END, match, *params, limit, offset],
+                [match, *params, limit, offset],
             ).fetchall()
-        else:
-            restore[PG_LT] = "<"
-            tsquery = " & ".join(f"{term}:*" for term in terms)
-            options = f"StartSel={HIT_START}, StopSel={HIT_END}, MaxFragments=2, MaxWords=24, MinWords=6"
-            rows = self._sql(
-                f"SELECT {', '.join(f'h.{c}' for c in _INDEX_COLUMNS)},"
-                " CASE WHEN h.reserved THEN NULL ELSE ts_headline('simple', replace(h.doc, '<', ?), h.q, ?) END,"
-                " h.score, h.reserved FROM (SELECT hit.*,"
-                " strpos(hit.doc, ?) > 0 OR strpos(hit.doc, ?) > 0 OR strpos(hit.doc, ?) > 0 AS reserved"
-                f" FROM (SELECT {columns}, concat_ws(' … ', si.title, si.questions, si.answers, si.tools, si.files)"
-                " AS doc, q, ts_rank_cd(si.search_doc, q) AS score"
-                f" FROM {self._si} si, to_tsquery('simple', ?) q WHERE si.search_doc @@ q AND {where}"
-                " ORDER BY score DESC, si.session_id LIMIT ? OFFSET ?) hit) h ORDER BY h.score DESC, h.session_id",
-                [PG_LT, options, HIT_START, HIT_END, PG_LT, tsquery, *params, limit, offset],
-            ).fetchall()
+            found = []
+            for row in rows:
+                item = self._index_row(row)
+                item["snippet"] = snippet_pieces(" … ".join(part for part in row[n : n + 5] if part), terms)
+                item["score"] = float(row[n + 5])
+                found.append(item)
+            return found
+        tsquery = " & ".join(f"{term}:*" for term in terms)
+        options = f"StartSel={HIT_START}, StopSel={HIT_END}, MaxFragments=2, MaxWords=24, MinWords=6"
+        rows = self._sql(
+            f"SELECT {', '.join(f'h.{c}' for c in _INDEX_COLUMNS)},"
+            " CASE WHEN h.reserved THEN NULL ELSE ts_headline('simple', replace(h.doc, '<', ?), h.q, ?) END,"
+            " h.score, h.reserved FROM (SELECT hit.*,"
+            " strpos(hit.doc, ?) > 0 OR strpos(hit.doc, ?) > 0 OR strpos(hit.doc, ?) > 0 AS reserved"
+            f" FROM (SELECT {columns}, concat_ws(' … ', si.title, si.questions, si.answers, si.tools, si.files)"
+            " AS doc, q, ts_rank_cd(si.search_doc, q) AS score"
+            f" FROM {self._si} si, to_tsquery('simple', ?) q WHERE si.search_doc @@ q AND {where}"
+            " ORDER BY score DESC, si.session_id LIMIT ? OFFSET ?) hit) h ORDER BY h.score DESC, h.session_id",
+            [PG_LT, options, HIT_START, HIT_END, PG_LT, tsquery, *params, limit, offset],
+        ).fetchall()
         found = []
-        n = len(_INDEX_COLUMNS)
         for row in rows:
             item = self._index_row(row)
             if row[n + 2]:
                 item["snippet"] = snippet_pieces(self._search_text(item["id"]), terms)
             else:
-                item["snippet"] = marked_pieces(row[n] or "", restore)
+                item["snippet"] = marked_pieces(row[n] or "", {PG_LT: "<"})
             item["score"] = float(row[n + 1])
             found.append(item)
         return found
