@@ -6,10 +6,10 @@ per ended run, and full-text search with the database's own engine.
   questions, the assistant's finals, tool names, cited and changed files). Listed by keyset
   on (pinned, updated_at, session_id).
 - ``{prefix}run_digests``: per ended run, what its transcript contributes; a session's
-  searchable text and counts are recomputed from its digests, so indexing a run twice is
-  harmless.
+  searchable text and counts follow its digests (the newest added to them, anything else
+  recomputed from all of them), so indexing a run twice is harmless.
 - Search: SQLite FTS5 (``{prefix}session_fts``, rowid = the index row's id; ``bm25`` rank,
-  ``snippet``); PostgreSQL a ``tsvector`` column with a GIN index (``ts_rank_cd``,
+  snippets built here); PostgreSQL a ``tsvector`` column with a GIN index (``ts_rank_cd``,
   ``ts_headline``), text configuration ``simple`` (no stemming: works the same for any language).
 
 A snippet is a list of ``(text, hit)`` pieces, so no stored character can pass for a hit marker.
@@ -39,7 +39,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 # PostgreSQL's parser reads "<...>" as a tag: ts_headline drops it and to_tsvector skips its words.
 # What it indexes and highlights has "<" as U+0001 (a blank to the parser), put back afterwards.
 PG_LT = "\x01"
-# Words of context a snippet shows (as FTS5 snippet()'s 16 tokens).
+# Words a snippet shows (as many as FTS5's snippet() showed).
 SNIPPET_WORDS = 16
 # Characters before a snippet's first hit read back for the words shown before it.
 SNIPPET_LOOKBACK = 4096
@@ -218,8 +218,8 @@ class SessionIndexMixin:
 
     def put_run_digest(self, digest: dict[str, Any]) -> None:
         """Store what an ended run contributes to its session (replacing an earlier digest of the
-        same run), then bring the session's counts and searchable text up to date: the new run's
-        added to them when its digest is the session's latest and new (the common case), else
+        same run), then bring the session's counts and searchable text up to date: the digest is
+        added to them when it is new and the session's newest (the common case), else they are
         recomputed from every digest. Nothing for a run no longer stored (its session was deleted
         meanwhile)."""
         columns = (
@@ -311,7 +311,8 @@ class SessionIndexMixin:
     def _append_to_session(self, digest: dict[str, Any]) -> None:
         """What `_recompute_session` makes of the session's digests when `digest` is the newest of
         them, from the index row alone: a session's end of turn reads and writes its row, not
-        every earlier turn's texts (1,000 turns of 2,000 characters: 9 ms of CPU a turn)."""
+        every earlier turn's texts (at 1,000 turns of 2,000 characters that took 20 ms of CPU a
+        turn, `bench/bench_session_turns.py`)."""
         actor_id, session_id = digest["actor_id"], digest["session_id"]
         row = self._sql(
             f"SELECT id, title, questions, answers, tools, files, message_count, tool_count FROM {self._si}"
