@@ -26,104 +26,90 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 MARKS = (10, 100)
 
 
-def _turns(turns: int, answer_chars: int) -> dict[str, float]:
-    from agent_gateway.models import Run
+@contextmanager
+def _storage() -> Iterator[Any]:
+    """A fresh peewee journal on SQLite in a temporary directory."""
     from agent_gateway.plugins.journal_peewee import PeeweeStorage
-    from agent_gateway.routes.sessions.indexer import run_digest
 
     with tempfile.TemporaryDirectory() as data_dir:
         storage = PeeweeStorage(f"sqlite:///{Path(data_dir) / 'journal.db'}")
         storage.open()
-        cpu_ms: list[float] = []
         try:
-            for number in range(1, turns + 1):
-                run = Run(
-                    host_run_id=f"run_{number:06d}",
-                    request_id=f"request_{number}",
-                    agent_id="bench",
-                    provider="bench",
-                    session_id="long",
-                    actor_id="bench",
-                    workspace_id="w",
-                    status="completed",
-                    created_at=1_000 + number,
-                    updated_at=1_000 + number,
-                    request={"message": f"question {number} about kelp"},
-                )
-                storage.insert_run(run)
-                storage.touch_session_index(run)
-                transcript = {
-                    "question": run.request["message"],
-                    "answer": {"text": (f"word{number} " * answer_chars)[:answer_chars], "final": True},
-                    "tools": [],
-                    "files": [],
-                    "citations": [],
-                    "sessionMode": "fresh",
-                    "agentSessionId": None,
-                }
-                digest = run_digest(run, transcript)
-                started = time.thread_time()
-                storage.put_run_digest(digest)
-                cpu_ms.append((time.thread_time() - started) * 1000)
+            yield storage
         finally:
             storage.close()
+
+
+def _ended_run(storage: Any, number: int, session_id: str, question: str, answer: str) -> dict[str, Any]:
+    """Store an ended run and its index row, as the indexer does at its end; returns its digest
+    (what `put_run_digest` takes), the run's answer `answer`."""
+    from agent_gateway.models import Run
+    from agent_gateway.routes.sessions.indexer import run_digest
+
+    run = Run(
+        host_run_id=f"run_{number:06d}",
+        request_id=f"request_{number}",
+        agent_id="bench",
+        provider="bench",
+        session_id=session_id,
+        actor_id="bench",
+        workspace_id="w",
+        status="completed",
+        created_at=1_000 + number,
+        updated_at=1_000 + number,
+        request={"message": question},
+    )
+    storage.insert_run(run)
+    storage.touch_session_index(run)
+    transcript = {
+        "question": question,
+        "answer": {"text": answer, "final": True},
+        "tools": [],
+        "files": [],
+        "citations": [],
+        "sessionMode": "fresh",
+        "agentSessionId": None,
+    }
+    return run_digest(run, transcript)
+
+
+def _turns(turns: int, answer_chars: int) -> dict[str, float]:
+    cpu_ms: list[float] = []
+    with _storage() as storage:
+        for number in range(1, turns + 1):
+            answer = (f"word{number} " * answer_chars)[:answer_chars]
+            digest = _ended_run(storage, number, "long", f"question {number} about kelp", answer)
+            started = time.thread_time()
+            storage.put_run_digest(digest)
+            cpu_ms.append((time.thread_time() - started) * 1000)
     marks = [m for m in MARKS if m < turns] + [turns]
     return {f"turn_{m}_ms": round(statistics.median(cpu_ms[max(0, m - 10) : m]), 3) for m in marks}
 
 
 def _search() -> dict[str, float]:
-    from agent_gateway.models import Run
-    from agent_gateway.plugins.journal_peewee import PeeweeStorage
-    from agent_gateway.routes.sessions.indexer import run_digest
-
     rng = random.Random(1)
     vocabulary = "the tide turned toward a reef and kelp forests thrived while gulls waited on rocky shores".split()
-    with tempfile.TemporaryDirectory() as data_dir:
-        storage = PeeweeStorage(f"sqlite:///{Path(data_dir) / 'journal.db'}")
-        storage.open()
-        try:
-            for number in range(20):
-                run = Run(
-                    host_run_id=f"run_{number}",
-                    request_id=f"request_{number}",
-                    agent_id="bench",
-                    provider="bench",
-                    session_id=f"session_{number}",
-                    actor_id="bench",
-                    workspace_id="w",
-                    status="completed",
-                    request={"message": "tell me about the sea"},
-                )
-                storage.insert_run(run)
-                storage.touch_session_index(run)
-                answer = " ".join(rng.choice(vocabulary) for _ in range(17_000))[:100_000]
-                transcript = {
-                    "question": "tell me about the sea",
-                    "answer": {"text": answer, "final": True},
-                    "tools": [],
-                    "files": [],
-                    "citations": [],
-                    "sessionMode": None,
-                    "agentSessionId": None,
-                }
-                storage.put_run_digest(run_digest(run, transcript))
-            found: dict[str, float] = {}
-            for query in ("t", "th", "kelp"):
-                times = []
-                for _ in range(3):
-                    started = time.perf_counter()
-                    assert len(storage.search_session_index("bench", query, limit=20)) == 20
-                    times.append((time.perf_counter() - started) * 1000)
-                found[f"search_{query}_ms"] = round(statistics.median(times), 2)
-            return found
-        finally:
-            storage.close()
+    found: dict[str, float] = {}
+    with _storage() as storage:
+        for number in range(20):
+            answer = " ".join(rng.choice(vocabulary) for _ in range(17_000))[:100_000]
+            storage.put_run_digest(_ended_run(storage, number, f"session_{number}", "tell me about the sea", answer))
+        for query in ("t", "th", "kelp"):
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                assert len(storage.search_session_index("bench", query, limit=20)) == 20
+                times.append((time.perf_counter() - started) * 1000)
+            found[f"search_{query}_ms"] = round(statistics.median(times), 2)
+    return found
 
 
 def main() -> None:
