@@ -167,6 +167,10 @@ async def test_a_backlog_is_journalled_joined_in_order_with_back_pressure(
     # Storage may hold one event in waiting: the appends of a read wait for room (the reader awaits
     # them before its next message), which must keep the order.
     gw.journal.max_pending = 1
+    # Each of those waits is a group commit: with the idle writer's 2 ms gather before each one
+    # (thousands of them), the run took 12 s on 2 quiet cores and over the stream's 20 s bound
+    # beside a busy machine's other work; without it, 3.4 s.
+    gw.journal.commit_gather = 0
     waits: list[int] = []
     emit_waiting = AcpRuntime._emit_waiting
 
