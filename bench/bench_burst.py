@@ -209,15 +209,28 @@ def _watch_ticks(loop: Any) -> None:
         kinds = collections.Counter(repr(getattr(h, "_callback", h))[:60] for h in loop._ready)
         kinds.update({f"created {k}": v for k, v in created.items()})
         created.clear()
-        cpu, started = time.thread_time(), time.perf_counter()
+        before, started = _schedstat(), time.perf_counter()
         run_once()
         took = time.perf_counter() - started
         if took > 0.01:
-            cpu = time.thread_time() - cpu
+            # The turn's wall time (its select's wait included) = CPU + waiting for a core + the rest
+            # (waiting in select, or for the GIL).
+            cpu, queued = (after - first for after, first in zip(_schedstat(), before, strict=True))
             top = kinds.most_common(8)
-            print(f"turn {took * 1000:.1f} ms (cpu {cpu * 1000:.1f}) {len(kinds)} {top}", file=sys.stderr, flush=True)
+            print(
+                f"turn {took * 1000:.1f} ms (cpu {cpu / 1e6:.1f}, waiting for a core {queued / 1e6:.1f})"
+                f" {len(kinds)} {top}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     loop._run_once = timed
+
+
+def _schedstat() -> tuple[int, int]:
+    """This thread's nanoseconds on a CPU and waiting on a run queue so far (the kernel's count)."""
+    on_cpu, queued, _ = Path("/proc/thread-self/schedstat").read_text().split()
+    return int(on_cpu), int(queued)
 
 
 # -- a bare server answering every request at once (the client's own rate) ------------------------
