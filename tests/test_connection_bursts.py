@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
+import subprocess
+import sys
+import textwrap
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -208,3 +211,91 @@ async def test_a_burst_of_connections_is_accepted_a_few_per_turn(
         turns.stop()
         for client in clients:
             client.close()
+
+
+# A fresh process (its descriptor table at its start size): a site allowing 600 connections, then
+# 500 clients of its own (1,000 descriptors, server and client sides) answered one by one. Prints
+# the table's size (the kernel's FDSize) before the site, after its start and after the burst, and
+# the answers. A worker thread exists first, as in the gateway (the table is then shared).
+BURST_IN_A_FRESH_PROCESS = """
+    import asyncio, concurrent.futures, socket
+    from pathlib import Path
+    from aiohttp import web
+    from agent_gateway.server.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
+
+    def fd_size():
+        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("FDSize:"))
+        return int(line.split()[1])
+
+    async def main():
+        await asyncio.get_running_loop().run_in_executor(concurrent.futures.ThreadPoolExecutor(1), int)
+        async def ping(request):
+            return web.Response(text="ok")
+        app = web.Application()
+        app.router.add_get("/ping", ping)
+        runner = GatewayRunner(app, limits=ConnectionLimits(max_connections=600))
+        await runner.setup()
+        before = fd_size()
+        site = GuardedTCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        started = fd_size()
+        port = int(site.name.rsplit(":", 1)[1])
+        answered = 0
+        clients = []
+        for _ in range(500):
+            reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 20)
+            writer.write(b"GET /ping HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n")
+            answered += (await asyncio.wait_for(reader.readline(), 20)).startswith(b"HTTP/1.1 200")
+            clients.append(writer)  # kept open: every connection holds its descriptors
+        print(before, started, fd_size(), answered)
+        for writer in clients:
+            writer.close()
+        await runner.cleanup()
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the descriptor table's size from /proc")
+def test_a_burst_of_connections_never_grows_the_descriptor_table() -> None:
+    """Growing the table in a process with threads blocks the thread that makes the descriptor
+    (the loop, accepting) for an RCU grace period: the site grows it once, at its start."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BURST_IN_A_FRESH_PROCESS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    before, started, after, answered = map(int, done.stdout.split())
+    assert answered == 500
+    assert before < 1000  # a fresh process's table, grown below by the site
+    assert started >= 600 * http_server.DESCRIPTORS_PER_CONNECTION + http_server.DESCRIPTORS_MARGIN
+    assert after == started
+
+
+RESERVE_UNDER_A_LIMIT = """
+    import os, resource, socket
+    from agent_gateway.server.http_server import reserve_descriptors
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    source = socket.socket()
+    in_use = os.dup2(source.fileno(), 300)
+    print(reserve_descriptors(301, source.fileno()))  # 300 is taken: the next free one
+    os.fstat(in_use)  # still open
+    print(reserve_descriptors(100_000, source.fileno()))  # capped by the soft limit
+    os.dup2(source.fileno(), 511)  # the last descriptor the limit allows, taken
+    print(reserve_descriptors(100_000, source.fileno()))
+    print(reserve_descriptors(2, source.fileno()))  # below the descriptors already open
+"""
+
+
+def test_reserving_descriptors_closes_none_in_use_and_stays_within_the_limit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(RESERVE_UNDER_A_LIMIT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["301", "511", "0", "0"]

@@ -21,6 +21,10 @@ probe keeps being answered) while 500 clients arrive at once: the accept loop ta
 ``ACCEPT_BATCH`` connections per turn, and at most ``STREAM_OPENINGS_PER_TURN`` requests asking
 for an event stream are parsed and handled per turn (`StreamOpenings`), the rest in arrival order:
 their bytes wait unparsed, reading paused, until their turn.
+Before accepting, the site grows the process's descriptor table to hold ``max_connections`` and
+as many more (`reserve_descriptors`): Linux grows it while a socket is made, and in a process with
+threads each growth waits for an RCU grace period with the loop blocked (10-25 ms here, several
+times during a 500-client burst, the loop off its CPU).
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ import asyncio
 import collections
 import contextlib
 import errno
+import fcntl
 import logging
+import os
+import resource
 import socket
 import ssl
 import time
@@ -68,6 +75,12 @@ ACCEPT_ERROR_LOG_INTERVAL = 10.0
 # in one turn too: a 100-400 ms stall. A turn in between every few accepts spreads the burst over
 # many short turns; the rest waits in the kernel's backlog.
 ACCEPT_BATCH = 4
+
+# Descriptors reserved per connection allowed (`reserve_descriptors`): the client's, and one more
+# for what a run opens on its behalf (an upstream connection, an agent's pipes), plus a margin for
+# the rest (storage files, the spool, listening sockets).
+DESCRIPTORS_PER_CONNECTION = 2
+DESCRIPTORS_MARGIN = 256
 
 # aiohttp's internals this module reads, sets or overrides: there is no public way to do what it
 # does with them. setup.cfg pins aiohttp to AIOHTTP_TESTED, the series they were checked on;
@@ -563,6 +576,26 @@ def _listening_sockets(host: str | None, port: int, backlog: int) -> list[socket
     return sockets
 
 
+def reserve_descriptors(count: int, source: int) -> int:
+    """Grow this process's descriptor table to hold `count` descriptors (capped by the soft
+    RLIMIT_NOFILE) now, while nothing waits on the loop. Linux grows the table in powers of two
+    as descriptors are made and never shrinks it; in a process with threads each growth waits for
+    an RCU grace period in the thread making the descriptor: the loop, accepting a burst.
+    `source`: any open descriptor (duplicated once, then closed). Returns the descriptor number
+    reached (0 if none could be had)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = (count if soft == resource.RLIM_INFINITY else min(count, soft)) - 1
+    if highest <= source:
+        return 0
+    try:
+        # The lowest free descriptor at or above `highest` (dup2 would close one in use there).
+        reached = fcntl.fcntl(source, fcntl.F_DUPFD_CLOEXEC, highest)
+    except OSError:  # the limit is reached already: the accept loop's EMFILE handling takes over
+        return 0
+    os.close(reached)
+    return reached
+
+
 class GuardedTCPSite(web.BaseSite):
     """``web.TCPSite`` with its own accept loop: out of file descriptors (EMFILE) it waits, with
     backoff up to a second, and logs at most once per ``ACCEPT_ERROR_LOG_INTERVAL``; accepting
@@ -596,6 +629,10 @@ class GuardedTCPSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         self._sockets = _listening_sockets(self._host, self._port, self._backlog)
+        limits = getattr(self._runner, "limits", None) or ConnectionLimits()
+        reserve_descriptors(
+            limits.max_connections * DESCRIPTORS_PER_CONNECTION + DESCRIPTORS_MARGIN, self._sockets[0].fileno()
+        )
         self._server = _Listening(self._sockets, self._close_sockets)  # type: ignore[assignment]
         self._accepting = [asyncio.create_task(self._accept_loop(sock)) for sock in self._sockets]
         for sock in self._sockets:
