@@ -7,6 +7,9 @@ bench_fairness's upstream (its own process; a 3-delta answer on a connection kep
 `--baseline-python`: a Python whose `agent_gateway` is the baseline (another checkout installed
 in its own venv); its gateway runs beside this one, on the same upstream, and the rounds
 alternate between the two (the order swapped each round), so both see the same machine.
+`_floor_server.py` runs beside them, on the same upstream and in the same rounds: a bare aiohttp
+server doing the run's HTTP work (the two requests, the upstream call, the SSE frames) and nothing
+else, the CPU below which no aiohttp gateway goes; the report gives it as a share of each gateway's.
 One client, one thing at a time, in each round and for each gateway:
 
 - health: `GET /v1/health`, `--runs` times (a request that does nothing);
@@ -41,7 +44,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ENV, ROOT, load, median, percentile
+from _common import ENV, HERE, ROOT, load, median, percentile
 from bench_fairness import _first_event, _health, _runs_ended
 
 PACE = 0.005  # seconds between two runs: each goes on to its end meanwhile, as in bench_fairness
@@ -129,22 +132,25 @@ async def _bench(gateways: dict[str, tuple[str, int]], upstream_pid: int, runs: 
                 round(median([r["busiest_workers_ms"][i] for r in rows if len(r["busiest_workers_ms"]) > i]), 3)
                 for i in range(min(len(r["busiest_workers_ms"]) for r in rows))
             ]
-    if "baseline" in gateways:
-        for kind in KINDS[1:]:
-            for key in ("total_ms", "loop_ms", "workers_ms"):
+    pairs = [("this", "baseline"), ("floor", "this"), ("floor", "baseline")]
+    for kind in KINDS[1:]:
+        for over, under in pairs:
+            if over not in gateways or under not in gateways:
+                continue
+            for key in ("total_ms", "loop_ms", "workers_ms") if over == "this" else ("total_ms",):
                 ratios = [
                     this[key] / base[key]
-                    for this, base in zip(results["this", kind], results["baseline", kind], strict=True)
+                    for this, base in zip(results[over, kind], results[under, kind], strict=True)
                     if base[key] > 0
                 ]
-                report[f"{kind}.{key}.this_over_baseline"] = round(median(ratios), 3)
+                report[f"{kind}.{key}.{over}_over_{under}"] = round(median(ratios), 3)
     print(json.dumps(report, indent=1))
 
 
 def _start_gateway(
-    python: str, data_dir: str, env: dict[str, str], cwd: str | Path = ROOT
+    python: str, data_dir: str, env: dict[str, str], cwd: str | Path = ROOT, command: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], str]:
-    command = [python, "-m", "agent_gateway", "serve", "--port", "0", "--data-dir", data_dir]
+    command = command or [python, "-m", "agent_gateway", "serve", "--port", "0", "--data-dir", data_dir]
     gateway = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=cwd, env=env)
     assert gateway.stdout is not None
     found = re.search(r"listening on (\S+)", gateway.stdout.readline())
@@ -183,6 +189,11 @@ def main() -> None:
                 stack.callback(gateway.wait, timeout=30)
                 stack.callback(gateway.terminate)
                 gateways[name] = (url, gateway.pid)
+            floor_server = [sys.executable, str(HERE / "_floor_server.py")]
+            floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
+            stack.callback(floor.wait, timeout=30)
+            stack.callback(floor.terminate)
+            gateways["floor"] = (url, floor.pid)
             started = time.perf_counter()
             asyncio.run(_bench(gateways, upstream.pid, args.runs, args.rounds))
             print(f"took {time.perf_counter() - started:.0f} s")

@@ -1,0 +1,118 @@
+"""The floor of a short run: a bare aiohttp server doing a run's HTTP work and nothing else.
+
+    python bench/_floor_server.py   (OPENAI_BASE_URL: the upstream)
+
+What `bench_run_cost.py` times beside the gateway: `POST /v1/runs` (a JSON body read, an id
+answered), one streamed chat completion from the upstream on a kept-alive aiohttp client
+session, each delta written to `GET /v1/runs/{id}/stream` as an SSE event (or to the POST's own
+response, with `Accept: text/event-stream`), and a terminal event. No journal, storage, spool,
+session, index, validation, middleware or log: what any aiohttp gateway pays for the same
+requests, which no gateway on aiohttp can go below. Answers the bench's other requests
+(`/v1/health`, `/metrics`, `/v1/sessions`) trivially. Prints its URL, then serves until killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from typing import Any
+
+from aiohttp import ClientSession, web
+
+UPSTREAM = os.environ.get("OPENAI_BASE_URL", "").rstrip("/")
+HTTP_KEY = web.AppKey("http", ClientSession)
+RUNS_KEY = web.AppKey("runs", dict)
+
+
+async def _relay(http: ClientSession, events: asyncio.Queue[bytes | None]) -> None:
+    """Stream one chat completion, each delta's SSE frame onto `events`; None at the end."""
+    body = {"model": "n3", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    seq = 0
+    try:
+        async with http.post(UPSTREAM + "/chat/completions", json=body) as response:
+            async for line in response.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices") or ():
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        seq += 1
+                        data = json.dumps({"text": text})
+                        events.put_nowait(f"id: {seq}\nevent: message.delta\ndata: {data}\n\n".encode())
+        events.put_nowait(f"id: {seq + 1}\nevent: run.completed\ndata: {{}}\n\n".encode())
+    finally:
+        events.put_nowait(None)
+
+
+async def _stream(request: web.Request, events: asyncio.Queue[bytes | None]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    while (frame := await events.get()) is not None:
+        await response.write(frame)
+    return response
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    await request.json()
+    run_id = "run_" + secrets.token_hex(8)
+    events: asyncio.Queue[bytes | None] = asyncio.Queue()
+    task = asyncio.create_task(_relay(request.app[HTTP_KEY], events))
+    runs: dict[str, Any] = request.app[RUNS_KEY]
+    if "text/event-stream" in request.headers.get("Accept", ""):
+        try:
+            return await _stream(request, events)
+        finally:
+            await task
+    runs[run_id] = (events, task)
+    return web.json_response({"hostRunId": run_id, "status": "running"}, status=201)
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    events, task = request.app[RUNS_KEY].pop(request.match_info["run_id"])
+    try:
+        return await _stream(request, events)
+    finally:
+        await task
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=f'agent_gateway_runs_active{{agent="floor"}} {len(request.app[RUNS_KEY])}\n')
+
+
+async def sessions(request: web.Request) -> web.Response:
+    return web.json_response({"items": []})
+
+
+async def _client(app: web.Application) -> Any:
+    app[HTTP_KEY] = ClientSession()
+    yield
+    await app[HTTP_KEY].close()
+
+
+async def main() -> None:
+    app = web.Application()
+    app[RUNS_KEY] = {}
+    app.cleanup_ctx.append(_client)
+    app.router.add_post("/v1/runs", create)
+    app.router.add_get("/v1/runs/{run_id}/stream", stream)
+    app.router.add_get("/v1/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/sessions", sessions)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
