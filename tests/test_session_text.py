@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import random
 import re
+import unicodedata
 from typing import Any
 
 from markdown_it import MarkdownIt
@@ -120,9 +121,13 @@ async def test_markdown_export_keeps_each_body_inside_its_message(make_gateway: 
 def _snippet_by_every_word(text: str, terms: list[str], words: int = 16) -> list[tuple[str, bool]]:
     """What a snippet is, from every word of the text (the gateway's reads only what it shows)."""
     word = re.compile(r"\w+")
-    prefixes = tuple(term.casefold() for term in terms)
+
+    def folded(text: str) -> str:  # no case, no diacritics (as SQLite's unicode61 tokenizer matches)
+        return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c)).casefold()
+
+    prefixes = tuple(folded(term) for term in terms)
     spans = [m.span() for m in word.finditer(text)]
-    hits = {i for i, (a, b) in enumerate(spans) if text[a:b].casefold().startswith(prefixes)}
+    hits = {i for i, (a, b) in enumerate(spans) if folded(text[a:b]).startswith(prefixes)}
     if not spans:
         return [(text[:200], False)] if text.strip() else []
     first = min(hits, default=0)
@@ -152,11 +157,14 @@ def test_a_snippet_is_the_same_whatever_the_number_of_hits() -> None:
 
     rng = random.Random(9)
     vocabulary = ["kelp", "Kelpie", "tide", "TIDAL", "reef", "gull", "a", "über", "Öl", "海藻", "x1", "_"]
+    vocabulary += ["café", "CAFÉ", "Cafe", "résumé", "naïve", "Ångström", "öl"]
     for _case in range(400):
         count = rng.choice((0, 1, 3, 15, 16, 17, 40, 300))
         parts = [rng.choice(vocabulary) + rng.choice(("", " ", " ", ", ", " … ", "\n", "!? ")) for _ in range(count)]
         text = rng.choice(("", " ", "— ")) + "".join(parts)
-        terms = rng.sample(["kel", "tid", "gull", "öl", "海", "zzz", "a"], rng.randrange(1, 3))
+        terms = rng.sample(
+            ["kel", "tid", "gull", "öl", "ol", "海", "zzz", "a", "cafe", "café", "resu", "angs"], rng.randrange(1, 3)
+        )
         assert snippet_pieces(text, terms) == _snippet_by_every_word(text, terms), (text, terms)
     many = "kelp " * 25_000  # every word a hit
     assert snippet_pieces(many, ["kelp"]) == _snippet_by_every_word(many, ["kelp"])
@@ -173,3 +181,20 @@ def test_a_snippet_built_by_the_gateway_shows_the_words_around_the_first_hit() -
     assert "w99 \ue000Target\ue001 <b> x0" in shown and len(shown.split()) <= 18
     assert snippet_pieces("no hit here", ["zzz"]) == [("no hit here", False)]
     assert snippet_pieces("", ["a"]) == []
+
+
+async def test_a_hit_without_its_diacritics_is_marked_in_the_snippet(make_gateway: Any) -> None:
+    """SQLite's search ignores Latin diacritics both ways; its snippets mark those hits too (a
+    snippet that found no hit would show the text's start, unmarked)."""
+    client, _plugin = await gateway(make_gateway, "sqlite")
+    opening = " ".join(f"w{i}" for i in range(40))
+    await run_to_end(client, body("s-cafe", f"{opening} the CAFÉ résumé", "c1"), headers=auth(ALICE))
+    await run_to_end(client, body("s-plain", f"{opening} a cafe resume", "c2"), headers=auth(ALICE))
+
+    for query, expected in (
+        ("cafe", {"s-cafe": ["CAFÉ"], "s-plain": ["cafe"]}),
+        ("résu", {"s-cafe": ["résumé"], "s-plain": ["resume"]}),
+    ):
+        found = await search(client, query)
+        assert {session: marked(snippet) for session, snippet in found.items()} == expected, query
+        assert all(plain(snippet).startswith("…") for snippet in found.values())  # around the hit

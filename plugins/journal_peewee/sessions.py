@@ -22,8 +22,10 @@ instead. The API layer escapes the pieces.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -95,15 +97,45 @@ def marked_pieces(marked: str, restore: dict[str, str] | None = None) -> Snippet
     return pieces
 
 
+def _without_marks(text: str) -> str:
+    """`text` with its combining marks taken off (é → e)."""
+    return "".join(c for c in unicodedata.normalize("NFD", text) if not unicodedata.combining(c))
+
+
+def _latin_variants() -> dict[str, str]:
+    """Each ASCII letter's forms with diacritics (Latin-1, Latin Extended-A/B and Additional)."""
+    variants: dict[str, set[str]] = {}
+    for code in itertools.chain(range(0xC0, 0x250), range(0x1E00, 0x1F00)):
+        char = chr(code)
+        base = _without_marks(char).lower()
+        if len(base) == 1 and base.isascii() and base.isalpha() and char.lower() != base:
+            variants.setdefault(base, set()).add(char.lower())
+    return {base: "".join(sorted(forms)) for base, forms in variants.items()}
+
+
+_LATIN_VARIANTS = _latin_variants()
+
+
+def _term_pattern(term: str) -> str:
+    """A regular expression for `term` that ignores Latin diacritics both ways, as FTS5's
+    ``unicode61`` tokenizer matches (``cafe`` finds ``café`` and ``café`` finds ``cafe``)."""
+    pattern = []
+    for char in term:
+        base = _without_marks(char).lower()
+        forms = _LATIN_VARIANTS.get(base)
+        pattern.append(f"[{base}{forms}]" if forms else re.escape(char))
+    return "".join(pattern)
+
+
 def snippet_pieces(text: str, terms: Sequence[str], words: int = SNIPPET_WORDS) -> Snippet:
     """A snippet of ``text`` built here: ``words`` words around the first word a term starts
-    (case-insensitive), those words hits (a window near the end shows more words before it). Its
-    work is a scan up to the first hit and the words shown, however many hits the text holds:
-    SQLite's ``snippet()`` grows with the square of them (one 100,000-character answer took it
-    0.9 s for a one-letter query)."""
+    (ignoring case and Latin diacritics, as SQLite's search does), those words hits (a window
+    near the end shows more words before it). Its work is a scan up to the first hit and the
+    words shown, however many hits the text holds: SQLite's ``snippet()`` grows with the square
+    of them (one 100,000-character answer took it 0.9 s for a one-letter query)."""
     if not terms:
         return [(text[:200], False)] if text.strip() else []
-    starts = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(term) for term in terms) + ")", re.IGNORECASE)
+    starts = re.compile(r"(?<!\w)(?:" + "|".join(_term_pattern(term) for term in terms) + ")", re.IGNORECASE)
     found = starts.search(text)
     at = found.start() if found else 0
     back = max(0, at - SNIPPET_LOOKBACK)
