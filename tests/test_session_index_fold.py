@@ -6,6 +6,10 @@ session's search text can show."""
 from __future__ import annotations
 
 import random
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ from agent_gateway.plugins.journal_peewee.sessions import MAX_SEARCH_TEXT, Sessi
 from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.routes.sessions.indexer import DIGEST_TEXT_CHARS, RunFold, run_digest
 from agent_gateway.transcript import project_transcript, run_transcript
-from tests._harness import gateway_of, run_to_end, storage_fixture  # noqa: F401  (fixtures)
+from tests._harness import POSTGRES_URL, WAIT, gateway_of, run_to_end, storage_fixture  # noqa: F401  (fixtures)
 from tests._sessions import ALICE, auth, body, gateway, get_json
 
 
@@ -289,3 +293,61 @@ def test_a_session_text_kept_turn_by_turn_is_the_one_recomputed_from_every_diges
         if session == 0:
             assert recomputed.count(session_id) == 5  # in order: only the replacements recomputed
         assert len(kept[1]) == 3_000  # the answers reached the cut
+
+
+def test_two_instances_ending_runs_of_one_session_at_once_keep_both_texts(postgres_admin: Any) -> None:
+    """Cluster instances share PostgreSQL. Two digests of one session written at the same moment
+    (each instance's indexer, in its own transaction): the second waits for the first and reads
+    what it committed, so the session's text keeps both runs (a read of the row before the first
+    committed wrote it back without the first run's text)."""
+    schema = f"ag_race_{uuid.uuid4().hex[:10]}"
+    first, second = PeeweeStorage(POSTGRES_URL, schema=schema), PeeweeStorage(POSTGRES_URL, schema=schema)
+    first.open()
+    second.open()
+    try:
+        runs = [_run("run_race_1", "s-race", "kelp question"), _run("run_race_2", "s-race", "tide question")]
+        for number, run in enumerate(runs):
+            run.created_at = run.updated_at = 1_000 + number
+            first.insert_run(run)
+            first.touch_session_index(run)
+        digests = [
+            run_digest(run, {**run_transcript(run), "question": run.request["message"], "answer": {"text": answer}})
+            for run, answer in zip(runs, ("brine answer", "gull answer"), strict=True)
+        ]
+        # The first instance's transaction stops once it has written the session's row.
+        written, release = threading.Event(), threading.Event()
+        reindex = first._reindex_search
+
+        def reindex_then_hold(*args: Any, **kwargs: Any) -> None:
+            reindex(*args, **kwargs)
+            written.set()
+            release.wait(WAIT)
+
+        first._reindex_search = reindex_then_hold  # type: ignore[method-assign]
+        with ThreadPoolExecutor(2) as pool:
+            writing_first = pool.submit(first.put_run_digest, digests[0])
+            assert written.wait(WAIT)
+            writing_second = pool.submit(second.put_run_digest, digests[1])
+            # Bounded: until the second transaction waits for a lock the first holds.
+            with postgres_admin.cursor() as cur:
+                for _ in range(2_000):
+                    cur.execute(  # (this test's statements name its schema; other tests' do not)
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                        (f"%{schema}%",),
+                    )
+                    if cur.fetchone()[0] or writing_second.done():
+                        break
+                    time.sleep(0.005)  # polling pace
+            release.set()
+            writing_first.result(WAIT)
+            writing_second.result(WAIT)
+        kept = _index_row(second, "s-race")
+        assert kept[0] == "kelp question\ntide question" and kept[1] == "brine answer\ngull answer"
+        assert [hit["session_id"] for hit in second.search_session_index("alice", "brine", limit=5)] == ["s-race"]
+        SessionIndexMixin._recompute_session(second, "alice", "s-race")
+        assert _index_row(second, "s-race") == kept
+    finally:
+        first.close()
+        second.close()
+        with postgres_admin.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -114,6 +114,9 @@ class MaintenanceMixin:
     def _recompute_session(self, actor_id: str, session_id: str) -> None:  # SessionIndexMixin
         raise NotImplementedError
 
+    def _hold_session_text(self, actor_id: str, session_id: str) -> None:  # SessionIndexMixin
+        raise NotImplementedError
+
     # -- tables ---------------------------------------------------------------------------------
     @property
     def _spans(self) -> str:
@@ -288,6 +291,7 @@ class MaintenanceMixin:
             ).fetchone()
             if run is None:
                 return True
+            self._hold_session_text(*run)  # before any delete: a digest written meanwhile waits for it
             bound = self._sql(
                 f"SELECT seq FROM {events} WHERE host_run_id = ? ORDER BY seq LIMIT 1 OFFSET ?",
                 (host_run_id, max_events),

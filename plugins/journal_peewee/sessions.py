@@ -279,6 +279,7 @@ class SessionIndexMixin:
         ]
         actor_id, session_id = digest["actor_id"], digest["session_id"]
         with self._write():
+            self._hold_session_text(actor_id, session_id)
             if not self._run_stored(digest["host_run_id"]):
                 return
             latest = self._sql(
@@ -296,6 +297,19 @@ class SessionIndexMixin:
                 self._append_to_session(dict(zip(columns, values, strict=True)))
             else:
                 self._recompute_session(actor_id, session_id)
+
+    def _hold_session_text(self, actor_id: str, session_id: str) -> None:
+        """In a write transaction that reads a session's digests or index row to rewrite its
+        text: wait for any other such transaction of the session to end first. Cluster instances
+        share PostgreSQL, where a transaction does not see another's uncommitted digest (READ
+        COMMITTED): two runs of one session ending at once each wrote the row back without the
+        other's text. A transaction-scoped advisory lock on the session (its statements after it
+        see what the other committed); SQLite's write transactions take turns already."""
+        if not self.is_sqlite:
+            self._sql(
+                "SELECT pg_advisory_xact_lock(hashtextextended(?, 0))",
+                (f"{self._si}\x1f{actor_id}\x1f{session_id}",),  # (no NUL: psycopg2 refuses it)
+            )
 
     def _run_stored(self, host_run_id: str) -> bool:
         runs = self._qualified(self.models.run._meta.table_name)
