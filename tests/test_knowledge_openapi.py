@@ -215,3 +215,45 @@ def test_the_documents_path_rules_are_the_routes(knowledge_gateway: GatewayThrea
     for text in ["..", "../x", "x/..", "a/../b", "~x", "a\\b", "a\x01b", "a/", ".", "/", "x/."]:
         assert not re.fullmatch(routes.PATH_PATTERN, text), text
     assert not re.fullmatch(routes.NAME_PATTERN, "/abs/x") and re.fullmatch(routes.NAME_PATTERN, "inbox/gnu.md")
+
+
+CONSTRAINTS = ("minLength", "maxLength", "pattern", "maxItems", "minimum", "maximum", "enum")
+
+
+def _constraints(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """What a property's schema bounds (its items' too, and its object's properties'), the
+    route models' references and nullable branches followed."""
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[1]]
+    branches = [b for b in schema.get("anyOf", ()) if b.get("type") != "null" and "required" not in b]
+    if len(branches) == 1 and "properties" not in schema:
+        return _constraints(branches[0], defs)
+    found = {key: schema[key] for key in CONSTRAINTS if key in schema}
+    if "items" in schema:
+        found["items"] = _constraints(schema["items"], defs)
+    if "properties" in schema:
+        found["properties"] = {
+            name: _constraints(value, defs) for name, value in schema["properties"].items() if name != "title"
+        }
+    return found
+
+
+def test_the_knowledge_tools_take_the_limits_of_the_knowledge_routes() -> None:
+    """An agent's knowledge_rag tool call and a client's knowledge request are refused by the
+    same limits: each tool argument bounds what the route's body field bounds."""
+    from agent_gateway.plugins.lightrag.declared import KnowledgeOpenReference, KnowledgeQuery
+    from agent_gateway.plugins.lightrag.tools import KnowledgeTools
+
+    tools = {tool.name: tool for tool in KnowledgeTools(service=None).tools()}  # type: ignore[arg-type]
+    for name, model in (
+        ("knowledge_rag.query", KnowledgeQuery),
+        ("knowledge_rag.open_reference", KnowledgeOpenReference),
+    ):
+        route = model.model_json_schema()
+        defs = route.get("$defs", {})
+        arguments = tools[name].input_schema["properties"]
+        assert set(arguments) <= set(route["properties"]), name
+        for argument, schema in arguments.items():
+            tool_bounds = _constraints(schema, {})
+            route_bounds = _constraints(route["properties"][argument], defs)
+            assert tool_bounds == route_bounds, (name, argument)

@@ -37,6 +37,12 @@ NAME_PATTERN = rf"^(?:(?:{_FIRST_NAMED}|\.)(?:/{_MIDDLE})*/{_NAMED}|{_FIRST_NAME
 
 MAX_QUERY = 4000
 MAX_PATH = 4096
+# The other limits of a knowledge call's fields (the knowledge_rag tools' schemas say the same).
+MAX_REFERENCE_ID = 64
+MAX_CHUNK_ID = 200
+MAX_EXCERPT = 20_000
+MAX_SOURCE_PATHS = 100
+MAX_TOP_K = 200
 QUERY_TEXT = re.compile(QUERY_PATTERN)
 QUERY_DESCRIPTION = "At least three characters besides white space at either end"
 
@@ -147,13 +153,13 @@ class KnowledgeQuery(KnowledgeWhere):
     """A question to the workspace's knowledge base."""
 
     query: QueryText
-    sourcePaths: Annotated[list[WorkspacePath], Field(max_length=100)] | None = Field(
+    sourcePaths: Annotated[list[WorkspacePath], Field(max_length=MAX_SOURCE_PATHS)] | None = Field(
         None,
         description="Workspace paths or folders (notes/ or notes/a.md). Applied after retrieval: only the "
         "references returned are limited to them; the answer may still use other documents.",
     )
     mode: Mode | None = None
-    topK: Annotated[int, Field(ge=1, le=200), BeforeValidator(_integral)] | None = None
+    topK: Annotated[int, Field(ge=1, le=MAX_TOP_K), BeforeValidator(_integral)] | None = None
 
 
 class KnowledgeReferenceArgument(_Request):
@@ -169,7 +175,7 @@ class KnowledgeReferenceArgument(_Request):
     }
     model_config = ConfigDict(extra="ignore")
 
-    referenceId: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    referenceId: Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE_ID)] | None = None
     sourcePath: WorkspacePath | None = None
     filePath: WorkspacePath | None = None
 
@@ -190,12 +196,12 @@ class KnowledgeOpenReference(KnowledgeWhere):
     }
 
     reference: KnowledgeReferenceArgument | None = None
-    referenceId: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    referenceId: Annotated[str, Field(min_length=1, max_length=MAX_REFERENCE_ID)] | None = None
     sourcePath: WorkspacePath | None = None
     filePath: WorkspacePath | None = None
-    chunkId: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    chunkId: Annotated[str, Field(min_length=1, max_length=MAX_CHUNK_ID)] | None = None
     query: QueryText | None = None
-    excerpt: Annotated[str, Field(min_length=1, max_length=20000)] | None = None
+    excerpt: Annotated[str, Field(min_length=1, max_length=MAX_EXCERPT)] | None = None
 
     @model_validator(mode="after")
     def _what_to_open(self) -> KnowledgeOpenReference:

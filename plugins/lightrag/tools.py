@@ -7,26 +7,38 @@ from typing import Any
 
 from agent_gateway import Tool, ToolCall
 
+from .declared import (
+    MAX_CHUNK_ID,
+    MAX_EXCERPT,
+    MAX_PATH,
+    MAX_QUERY,
+    MAX_REFERENCE_ID,
+    MAX_SOURCE_PATHS,
+    MAX_TOP_K,
+    QUERY_DESCRIPTION,
+)
 from .mapping import QUERY_PATTERN
 from .service import MODES, KnowledgeService, Where
 
 CAP_KNOWLEDGE = "knowledge_rag"
 
+# The limits are the routes' (declared.py): a call is refused the same way by either door.
 QUERY_SCHEMA = {
     "type": "string",
     "minLength": 3,
-    "maxLength": 4000,
+    "maxLength": MAX_QUERY,
     "pattern": QUERY_PATTERN,
-    "description": "At least three characters besides white space at either end",
+    "description": QUERY_DESCRIPTION,
 }
-RELATIVE_PATH_SCHEMA = {"type": "string", "minLength": 1, "maxLength": 4096}
+RELATIVE_PATH_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_PATH}
+REFERENCE_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_REFERENCE_ID}
 # What open_reference reads of a reference (a knowledge_rag.query reference has more).
 REFERENCE_ARGUMENT = {
     "type": "object",
     "properties": {
-        "referenceId": {"type": "string", "minLength": 1, "maxLength": 64},
-        "sourcePath": {"type": ["string", "null"], "minLength": 1, "maxLength": 4096},
-        "filePath": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "referenceId": REFERENCE_ID_SCHEMA,
+        "sourcePath": {**RELATIVE_PATH_SCHEMA, "type": ["string", "null"]},
+        "filePath": RELATIVE_PATH_SCHEMA,
     },
     "anyOf": [
         {"required": ["referenceId"]},
@@ -37,8 +49,8 @@ REFERENCE_ARGUMENT = {
 
 SOURCE_PATHS_SCHEMA = {
     "type": "array",
-    "maxItems": 100,
-    "items": {"type": "string", "minLength": 1, "maxLength": 4096},
+    "maxItems": MAX_SOURCE_PATHS,
+    "items": RELATIVE_PATH_SCHEMA,
     "description": (
         "Workspace paths or folders (notes/ or notes/a.md). Applied AFTER retrieval: only the references "
         "returned are limited to them; the answer may still use other documents (post_filter_mapped_references)."
@@ -105,7 +117,7 @@ class KnowledgeTools:
                         "query": QUERY_SCHEMA,
                         "sourcePaths": SOURCE_PATHS_SCHEMA,
                         "mode": {"type": "string", "enum": list(MODES)},
-                        "topK": {"type": "integer", "minimum": 1, "maximum": 200},
+                        "topK": {"type": "integer", "minimum": 1, "maximum": MAX_TOP_K},
                     },
                     "required": ["query"],
                     "additionalProperties": False,
@@ -122,12 +134,12 @@ class KnowledgeTools:
                     "type": "object",
                     "properties": {
                         "reference": REFERENCE_ARGUMENT,
-                        "referenceId": {"type": "string", "minLength": 1, "maxLength": 64},
+                        "referenceId": REFERENCE_ID_SCHEMA,
                         "sourcePath": RELATIVE_PATH_SCHEMA,
-                        "filePath": {"type": "string", "minLength": 1, "maxLength": 4096},
-                        "chunkId": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "filePath": RELATIVE_PATH_SCHEMA,
+                        "chunkId": {"type": "string", "minLength": 1, "maxLength": MAX_CHUNK_ID},
                         "query": QUERY_SCHEMA,
-                        "excerpt": {"type": "string", "minLength": 1, "maxLength": 20000},
+                        "excerpt": {"type": "string", "minLength": 1, "maxLength": MAX_EXCERPT},
                     },
                     "anyOf": [
                         {"required": ["reference"]},
