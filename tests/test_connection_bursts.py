@@ -215,10 +215,10 @@ async def test_a_burst_of_connections_is_accepted_a_few_per_turn(
 
 # A fresh process (its descriptor table at its start size): a site allowing 600 connections, then
 # 500 clients of its own (1,000 descriptors, server and client sides) answered one by one. Prints
-# the table's size (the kernel's FDSize) before the site, after its start and after the burst, and
-# the answers. A worker thread exists first, as in the gateway (the table is then shared).
+# the table's size (the kernel's FDSize) before the site, after its start and after the burst, the
+# answers, and the soft descriptor limit. A worker thread exists first, as in the gateway (the table is then shared).
 BURST_IN_A_FRESH_PROCESS = """
-    import asyncio, concurrent.futures, socket
+    import asyncio, concurrent.futures, resource
     from pathlib import Path
     from aiohttp import web
     from agent_gateway.server.http_server import ConnectionLimits, GatewayRunner, GuardedTCPSite
@@ -247,7 +247,7 @@ BURST_IN_A_FRESH_PROCESS = """
             writer.write(b"GET /ping HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n")
             answered += (await asyncio.wait_for(reader.readline(), 20)).startswith(b"HTTP/1.1 200")
             clients.append(writer)  # kept open: every connection holds its descriptors
-        print(before, started, fd_size(), answered)
+        print(before, started, fd_size(), answered, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         for writer in clients:
             writer.close()
         await runner.cleanup()
@@ -260,17 +260,11 @@ BURST_IN_A_FRESH_PROCESS = """
 def test_a_burst_of_connections_never_grows_the_descriptor_table() -> None:
     """Growing the table in a process with threads blocks the thread that makes the descriptor
     (the loop, accepting) for an RCU grace period: the site grows it once, at its start."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(BURST_IN_A_FRESH_PROCESS)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    before, started, after, answered = map(int, done.stdout.split())
+    before, started, after, answered, limit = map(int, _in_a_fresh_process(BURST_IN_A_FRESH_PROCESS))
     assert answered == 500
     assert before < 1000  # a fresh process's table, grown below by the site
-    assert started >= 600 * http_server.DESCRIPTORS_PER_CONNECTION + http_server.DESCRIPTORS_MARGIN
+    wanted = 600 * http_server.DESCRIPTORS_PER_CONNECTION + http_server.DESCRIPTORS_MARGIN
+    assert started >= min(wanted, limit)  # (within the soft RLIMIT_NOFILE)
     assert after == started
 
 
@@ -291,11 +285,13 @@ RESERVE_UNDER_A_LIMIT = """
 
 
 def test_reserving_descriptors_closes_none_in_use_and_stays_within_the_limit() -> None:
+    assert _in_a_fresh_process(RESERVE_UNDER_A_LIMIT) == ["301", "511", "0", "0"]
+
+
+def _in_a_fresh_process(script: str) -> list[str]:
+    """What `script` prints, run by a new interpreter (its descriptor table at its start size)."""
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(RESERVE_UNDER_A_LIMIT)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=WAIT * 6
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["301", "511", "0", "0"]
+    return done.stdout.split()
