@@ -204,6 +204,9 @@ class Journal:
         # makes them first (under `_behind_lock`, so they are made once and in order).
         self._behind: deque[Callable[[], Any]] = deque()
         self._behind_lock = threading.Lock()
+        # Writes handed over by `write_after`, oldest first: each with the number of the last
+        # event appended before it (`_appended`) and the future its caller awaits.
+        self._after: deque[tuple[int, Callable[[], Any], asyncio.Future[Any]]] = deque()
         self.priority_wait = PRIORITY_WAIT_SECONDS
         self.commit_gather = COMMIT_GATHER_SECONDS
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
@@ -237,6 +240,9 @@ class Journal:
             return
         self.publish()
         await self.flush()
+        while self._after:  # a run's end handed over before the close: made before the writer stops
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._after[-1][2])
         self._closed = True
         if self._writer is not None:
             self._writer.cancel()
@@ -473,6 +479,19 @@ class Journal:
         call = functools.partial(self._locked_write, functools.partial(fn, *args, **kwargs))
         return await asyncio.get_running_loop().run_in_executor(self._read_executor, call)
 
+    async def write_after(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Make a storage write once every event appended so far is stored: on the writer thread,
+        right after the group commit that stores the last of them, in the same worker call (a
+        `flush` and a `write` in one trip; a run's final status, so a reader that finds it finds
+        every event of the run stored). Returns its result, or raises what it raised; a commit
+        that fails keeps it for the next attempt."""
+        self.publish()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._after.append((self._appended, functools.partial(fn, *args, **kwargs), future))
+        if not self._queue_ready.is_set():
+            self._queue_ready.set()
+        return await asyncio.shield(future)  # a cancelled caller's write is still made, in order
+
     def write_now(self, call: Callable[[], Any]) -> Any:
         """`write`, for code already on a worker thread: makes `call` between two group commits,
         on this thread, and returns its result."""
@@ -525,7 +544,7 @@ class Journal:
         idle = True  # nothing to commit when the writer last looked
         while True:
             await self._queue_ready.wait()
-            if not self._queue and not self._behind:
+            if not self._queue and not self._behind and not self._after:
                 self._queue_ready.clear()
                 idle = True
                 continue
@@ -547,17 +566,24 @@ class Journal:
                 taken.append(events)
                 count += len(events)
             batch = list(chain.from_iterable(taken))
+            # The writes handed over by `write_after` whose events this commit stores (or stored).
+            stored_through = self._committed + count
+            after: list[tuple[int, Callable[[], Any], asyncio.Future[Any]]] = []
+            while self._after and self._after[0][0] <= stored_through:
+                after.append(self._after.popleft())
             delivered = True
             cpu_seconds = 0.0
             try:
-                cpu_seconds = await self._in_writer(self._commit, batch)
+                cpu_seconds, outcomes = await self._in_writer(self._commit, batch, [call for _, call, _ in after])
             except NotOwner:
                 # This instance lost its lease: the runs' new owner ends them; these events are
                 # never stored, and (delivered only once stored) no client saw them.
                 log.warning("dropped %d events: this instance no longer holds their sessions' lease", count)
                 self.fenced += count
                 delivered = False
+                outcomes = [(False, NotOwner("this instance no longer holds the session's lease"))] * len(after)
             except Exception as exc:
+                self._after.extendleft(reversed(after))  # made with the commit that succeeds
                 self.commit_errors += 1
                 self.last_commit_at = 0.0  # storage no longer vouched for: health pings it
                 failures += 1
@@ -594,16 +620,32 @@ class Journal:
             if self._queued < self.max_pending:
                 self._room.set()
             self._release_flush_waiters()
+            for (_, _, future), (made, result) in zip(after, outcomes, strict=True):
+                if future.done():
+                    continue
+                if made:
+                    future.set_result(result)
+                else:
+                    future.set_exception(result)
             self._drop_committed_segments()
 
-    def _commit(self, batch: list[Event]) -> float:
-        """Store one group commit (on the writer thread); returns the thread's CPU seconds for it."""
+    def _commit(self, batch: list[Event], after: list[Callable[[], Any]]) -> tuple[float, list[tuple[bool, Any]]]:
+        """Store one group commit, then make the `write_after` writes it was waited for (on the
+        writer thread); returns the thread's CPU seconds for the events and, for each write,
+        whether it was made and its result (else the exception it raised)."""
         with self._storage_lock:
             self._write_behind_now()
             started = time.thread_time()
             if batch:
                 self.storage.append_events(batch)
-            return time.thread_time() - started
+            seconds = time.thread_time() - started
+            outcomes: list[tuple[bool, Any]] = []
+            for call in after:
+                try:
+                    outcomes.append((True, call()))
+                except Exception as exc:  # its own caller's error: the events are stored
+                    outcomes.append((False, exc))
+            return seconds, outcomes
 
     def _add_tail(self, host_run_id: str, events: list[Event], frames: bytes) -> None:
         """Append a published batch's frames to its run's tail, if all tails stay within

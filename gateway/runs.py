@@ -888,8 +888,8 @@ class RunManager:
         run.updated_at = now_ms()
         try:
             await self._record_turn(active, status)  # if the run ended before recording it
-            await self.journal.flush()
-            await self.journal.write(
+            # Once its events are stored (the terminal one's commit, in the same worker trip).
+            await self.journal.write_after(
                 self.storage.update_run, run.host_run_id, status=status, error=run.error, updated_at=run.updated_at
             )
         except Exception:

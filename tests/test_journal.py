@@ -726,6 +726,66 @@ async def test_a_run_row_write_goes_between_two_group_commits(gated) -> None:
     assert seqs(store.inner.read_events("run_w")) == [1, 2]
 
 
+async def test_a_write_after_goes_with_the_commit_of_the_events_before_it(gated) -> None:
+    """`write_after` (a run's final status) is made once every event appended before it is
+    stored, in the same writer call as the commit that stores the last of them: a reader that
+    finds it finds them all; a later event does not hold it back."""
+    journal, store = gated
+    journal.open_run("run_f")
+    await journal.append("run_f", "message.delta", {"text": "1"})
+    await journal.append("run_f", "run.completed", {})
+    seen: list[tuple[list[int], str]] = []
+
+    def final_status() -> str:
+        seen.append((seqs(store.inner.read_events("run_f")), threading.current_thread().name))
+        return "stored"
+
+    journal.open_run("run_g")
+    write = asyncio.ensure_future(journal.write_after(final_status))
+    await journal.append("run_g", "message.delta", {"text": "after it"})
+    async with asyncio.timeout(WAIT):
+        assert await write == "stored"
+    assert seen[0][0] == [1, 2]
+    assert seen[0][1].startswith("journal-writer")  # the commit's thread: no trip of its own
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+
+
+async def test_a_failing_write_after_raises_to_its_caller_and_leaves_the_events_stored(gated) -> None:
+    journal, store = gated
+    journal.open_run("run_e")
+    await journal.append("run_e", "message.delta", {"text": "kept"})
+
+    def refused() -> None:
+        raise ValueError("refused by storage")
+
+    with pytest.raises(ValueError, match="refused by storage"):
+        async with asyncio.timeout(WAIT):
+            await journal.write_after(refused)
+    assert seqs(store.inner.read_events("run_e")) == [1]
+    async with asyncio.timeout(WAIT):  # the writer goes on
+        assert await journal.write_after(lambda: "next") == "next"
+
+
+async def test_a_write_after_waits_out_a_failing_commit_and_goes_with_the_one_that_succeeds(gated) -> None:
+    """Storage down when a run ends: its status is not written before its events are stored,
+    and is written (once) with the commit that stores them when storage is back."""
+    journal, store = gated
+    journal.open_run("run_d")
+    store.fail_writes = True
+    await journal.append("run_d", "run.completed", {})
+    made: list[list[int]] = []
+    write = asyncio.ensure_future(journal.write_after(lambda: made.append(seqs(store.inner.read_events("run_d")))))
+    async with asyncio.timeout(WAIT):
+        while journal.commit_errors < 2:  # two failed attempts (the writer retries with a backoff)
+            await asyncio.wait({write}, timeout=0.02)
+    assert not write.done() and made == []
+    store.fail_writes = False
+    async with asyncio.timeout(WAIT):
+        await write
+    assert made == [[1]]
+
+
 async def test_spooled_records_are_written_again_in_spool_order_and_a_bad_one_is_skipped(
     storage: PeeweeStorage, tmp_path: Path
 ) -> None:

@@ -467,6 +467,29 @@ async def test_active_run_is_never_terminal_and_a_second_run_queues(make_gateway
 # -- cancel and failures ------------------------------------------------------------------------------
 
 
+async def test_a_new_runs_stored_row_holds_its_status_and_session_mode_and_then_its_end(make_gateway, fake_llm):
+    """A run's row goes to storage with its first commit, as the run is then: running, in its
+    session mode (what another instance, a restart's repair or a run listing reads), and its end
+    once its events are stored."""
+    fake_llm.add(Reply(text="never ends", hang=True))
+    client = await make_gateway()
+    gateway = gateway_of(client)
+    receipt = await create(client, run_body("hang"))
+    run_id = receipt["hostRunId"]
+    await fake_llm.wait_for_requests(1)  # the turn is running: status and session mode are set
+    live = await get_run(client, run_id)
+    async with asyncio.timeout(WAIT):
+        await gateway.journal.flush()
+    stored = gateway.storage.get_run(run_id)
+    assert stored is not None and live["sessionMode"] is not None
+    assert (stored.status, stored.session_mode) == ("running", live["sessionMode"])
+    async with asyncio.timeout(WAIT):
+        assert (await client.post(f"/v1/runs/{run_id}/cancel", json={})).status == 202
+        await gateway.runs.wait(run_id)
+    assert gateway.storage.get_run(run_id).status == "cancelled"
+    assert gateway.storage.last_event(run_id).kind == "run.cancelled"
+
+
 async def test_cancel_a_hanging_upstream(make_gateway, fake_llm):
     fake_llm.add(Reply(text="a long answer that never ends", chunk_size=4, hang=True))
     client = await make_gateway()
