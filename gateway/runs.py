@@ -234,6 +234,9 @@ class RunManager:
         # New runs whose row the journal has not stored yet (`write_behind`), by request key: a
         # repeated requestId finds them here. A worker thread removes each once it is stored.
         self._unstored: dict[tuple[str, str, str, str], Run] = {}
+        # The runs among them whose row the worker has not begun to write: it writes the run as it
+        # is then, so a status change meanwhile needs no write of its own (`_set_status`).
+        self._row_not_begun: set[str] = set()
         journal.on_append.append(self._observe)
         if max_run_journal_bytes > 0 or max_actor_journal_bytes_per_day > 0:
             journal.on_published_bytes = self._count_journal_bytes
@@ -331,6 +334,7 @@ class RunManager:
                         run = self._new_run(actor_id, request, request_hash, runtime, webhook)
                         trace = self._trace(run, runtime, headers)
                         self._unstored[key] = run
+                        self._row_not_begun.add(run.host_run_id)
                         # vars, not asdict: the same JSON without a deep copy (40 µs a POST).
                         record = b"run " + json.dumps(vars(run), separators=(",", ":")).encode()
                         self.journal.write_behind(self._store_new_run, key, run, record=record)
@@ -424,6 +428,8 @@ class RunManager:
 
     def _store_new_run(self, key: tuple[str, str, str, str], run: Run) -> None:
         """Store a new run's row (a worker thread, from the journal's `write_behind`)."""
+        # Before the row is read from `run`: a change the loop makes after this line writes itself.
+        self._row_not_begun.discard(run.host_run_id)
         try:
             self.storage.insert_run(run)
         except RequestConflict as conflict:  # another process on this database took the key meanwhile
@@ -554,11 +560,14 @@ class RunManager:
         run.updated_at = now_ms()
         for name, value in fields.items():
             setattr(run, name, value)
-        self.journal.write_behind(
-            functools.partial(
-                self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields
+        # A new run whose row the worker has not begun to write: the row will hold this change
+        # (two statements fewer a short run: running, its session mode).
+        if run.host_run_id not in self._row_not_begun:
+            self.journal.write_behind(
+                functools.partial(
+                    self.storage.update_run, run.host_run_id, status=status, updated_at=run.updated_at, **fields
+                )
             )
-        )
         for listener in self.listeners:
             listener(run)
 

@@ -12,6 +12,7 @@ import json
 import re
 import socket
 import sqlite3
+import threading
 from typing import Any
 
 import pytest
@@ -488,6 +489,40 @@ async def test_a_new_runs_stored_row_holds_its_status_and_session_mode_and_then_
         await gateway.runs.wait(run_id)
     assert gateway.storage.get_run(run_id).status == "cancelled"
     assert gateway.storage.last_event(run_id).kind == "run.cancelled"
+
+
+async def test_a_receipt_change_while_the_worker_writes_the_new_row_is_stored(make_gateway, fake_llm, monkeypatch):
+    """A change made once the worker has begun writing a new run's row (an agent's permission
+    request, its provider run id) is stored by a write of its own: the row may hold the run as
+    it was before it."""
+    fake_llm.add(Reply(text="never ends", hang=True))
+    client = await make_gateway()
+    gateway = gateway_of(client)
+    writing, release = threading.Event(), threading.Event()
+    real_insert = gateway.storage.insert_run
+
+    def held_insert(run: Run) -> None:
+        real_insert(run)  # the row, as the run is now
+        writing.set()
+        assert release.wait(WAIT)
+
+    monkeypatch.setattr(gateway.storage, "insert_run", held_insert)
+    receipt = await create(client, run_body("hang"))
+    run_id = receipt["hostRunId"]
+    try:
+        assert await asyncio.to_thread(writing.wait, WAIT)
+        await fake_llm.wait_for_requests(1)
+        run = await gateway.runs.get(run_id, "local")
+        assert run is not None
+        gateway.runs._set_status(run, run.status, provider_run_id="prov-after-the-row")  # what `update_receipt` does
+    finally:
+        release.set()
+    async with asyncio.timeout(WAIT):
+        await gateway.journal.flush()
+    assert gateway.storage.get_run(run_id).provider_run_id == "prov-after-the-row"
+    async with asyncio.timeout(WAIT):
+        await client.post(f"/v1/runs/{run_id}/cancel", json={})
+        await gateway.runs.wait(run_id)
 
 
 async def test_cancel_a_hanging_upstream(make_gateway, fake_llm):
