@@ -326,6 +326,35 @@ async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
     assert statuses[0] == "running" and statuses[-1] == "completed" and len(statuses) >= 3
 
 
+async def test_the_first_sessions_request_does_not_index_a_run_whose_index_is_queued_again(
+    make_gateway: Any, storage_kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's first sessions request also indexes ended runs that never were (its backfill).
+    A run that has just ended, its digest still queued, has none stored yet: the backfill waits
+    for the queue first, so the run is not indexed a second time, from its whole journal read
+    back from storage (a long run's 100,000 rows on a worker)."""
+    monkeypatch.setattr(sessions_indexer, "INDEX_GATHER_SECONDS", 0.5)  # the digest waits while the list comes
+    client, _plugin = await gateway(make_gateway, storage_kind)
+    [indexer] = [
+        listener.__self__
+        for listener in gateway_of(client).runs.listeners
+        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
+    ]
+    ended: list[Any] = []
+    index_batch = indexer._index_batch
+
+    def seen(batch: list[Any]) -> None:
+        ended.extend(source for run, source in batch if run.is_terminal)
+        index_batch(batch)
+
+    monkeypatch.setattr(indexer, "_index_batch", seen)
+    await run_to_end(client, body("s-once", "index me once", "x1"), headers=auth(ALICE))
+    assert indexer.backfilled is False  # this is the process's first sessions request
+    [session] = (await get_json(client, "/v1/sessions"))["sessions"]
+    assert session["sessionId"] == "s-once" and session["lastStatus"] == "completed"
+    assert [type(source).__name__ for source in ended] == ["RunFold"]  # once, from its fold
+
+
 async def test_a_sessions_first_run_names_it_when_the_next_one_is_seen_before_its_end(
     make_gateway: Any, storage_kind: str
 ) -> None:

@@ -284,6 +284,10 @@ class SessionIndexer:
             if self.deps.journal.has_terminal(run.host_run_id):
                 await self.deps.runs.wait(run.host_run_id)
         if not self.backfilled:
+            # What is queued first: a run that just ended has no digest until its own is written,
+            # and would be indexed twice, the second time from its whole journal in storage.
+            if self.worker is not None and not self.worker.done():
+                await self.queue.join()
             self.backfilled = True
             for run in await self._db(self.deps.storage.runs_without_digest, 10_000):
                 self.on_run(run)
