@@ -112,6 +112,15 @@ class _RunTail:
         self.entries.append((first, last, terminal, start, end))
 
 
+class _After(NamedTuple):
+    """A write handed over by `Journal.write_after`."""
+
+    after: int  # made once events up to this number are stored
+    call: Callable[[], Any]
+    future: asyncio.Future[Any]
+    retry: bool
+
+
 class JournalClosed(Exception):
     pass
 
@@ -205,8 +214,9 @@ class Journal:
         self._behind: deque[Callable[[], Any]] = deque()
         self._behind_lock = threading.Lock()
         # Writes handed over by `write_after`, oldest first: each with the number of the last
-        # event appended before it (`_appended`) and the future its caller awaits.
-        self._after: deque[tuple[int, Callable[[], Any], asyncio.Future[Any]]] = deque()
+        # event appended before it (`_appended`), the future its caller awaits, and whether it
+        # waits out failed commits.
+        self._after: deque[_After] = deque()
         self.priority_wait = PRIORITY_WAIT_SECONDS
         self.commit_gather = COMMIT_GATHER_SECONDS
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
@@ -242,7 +252,7 @@ class Journal:
         await self.flush()
         while self._after:  # a run's end handed over before the close: made before the writer stops
             with contextlib.suppress(Exception):
-                await asyncio.shield(self._after[-1][2])
+                await asyncio.shield(self._after[-1].future)
         self._closed = True
         if self._writer is not None:
             self._writer.cancel()
@@ -479,15 +489,16 @@ class Journal:
         call = functools.partial(self._locked_write, functools.partial(fn, *args, **kwargs))
         return await asyncio.get_running_loop().run_in_executor(self._read_executor, call)
 
-    async def write_after(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def write_after(self, call: Callable[[], Any], *, retry: bool = True) -> Any:
         """Make a storage write once every event appended so far is stored: on the writer thread,
         right after the group commit that stores the last of them, in the same worker call (a
         `flush` and a `write` in one trip; a run's final status, so a reader that finds it finds
-        every event of the run stored). Returns its result, or raises what it raised; a commit
-        that fails keeps it for the next attempt."""
+        every event of the run stored). Returns its result, or raises what it raised. A commit
+        that fails keeps it for the next attempt, or with `retry=False` fails it with the
+        commit's error, unmade (a write that something later makes again anyway)."""
         self.publish()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._after.append((self._appended, functools.partial(fn, *args, **kwargs), future))
+        self._after.append(_After(self._appended, call, future, retry))
         if not self._queue_ready.is_set():
             self._queue_ready.set()
         return await asyncio.shield(future)  # a cancelled caller's write is still made, in order
@@ -568,13 +579,13 @@ class Journal:
             batch = list(chain.from_iterable(taken))
             # The writes handed over by `write_after` whose events this commit stores (or stored).
             stored_through = self._committed + count
-            after: list[tuple[int, Callable[[], Any], asyncio.Future[Any]]] = []
-            while self._after and self._after[0][0] <= stored_through:
+            after: list[_After] = []
+            while self._after and self._after[0].after <= stored_through:
                 after.append(self._after.popleft())
             delivered = True
             cpu_seconds = 0.0
             try:
-                cpu_seconds, outcomes = await self._in_writer(self._commit, batch, [call for _, call, _ in after])
+                cpu_seconds, outcomes = await self._in_writer(self._commit, batch, [entry.call for entry in after])
             except NotOwner:
                 # This instance lost its lease: the runs' new owner ends them; these events are
                 # never stored, and (delivered only once stored) no client saw them.
@@ -583,7 +594,11 @@ class Journal:
                 delivered = False
                 outcomes = [(False, NotOwner("this instance no longer holds the session's lease"))] * len(after)
             except Exception as exc:
-                self._after.extendleft(reversed(after))  # made with the commit that succeeds
+                for entry in after:
+                    if not entry.retry and not entry.future.done():
+                        entry.future.set_exception(exc)
+                # The others are made with the commit that succeeds.
+                self._after.extendleft(reversed([entry for entry in after if entry.retry]))
                 self.commit_errors += 1
                 self.last_commit_at = 0.0  # storage no longer vouched for: health pings it
                 failures += 1
@@ -620,7 +635,7 @@ class Journal:
             if self._queued < self.max_pending:
                 self._room.set()
             self._release_flush_waiters()
-            for (_, _, future), (made, result) in zip(after, outcomes, strict=True):
+            for (_, _, future, _), (made, result) in zip(after, outcomes, strict=True):
                 if future.done():
                     continue
                 if made:

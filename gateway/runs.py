@@ -899,7 +899,9 @@ class RunManager:
             await self._record_turn(active, status)  # if the run ended before recording it
             # Once its events are stored (the terminal one's commit, in the same worker trip).
             await self.journal.write_after(
-                self.storage.update_run, run.host_run_id, status=status, error=run.error, updated_at=run.updated_at
+                functools.partial(
+                    self.storage.update_run, run.host_run_id, status=status, error=run.error, updated_at=run.updated_at
+                )
             )
         except Exception:
             log.exception("could not store the end of run %s; it will be repaired on read", run.host_run_id)

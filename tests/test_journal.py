@@ -786,6 +786,24 @@ async def test_a_write_after_waits_out_a_failing_commit_and_goes_with_the_one_th
     assert made == [[1]]
 
 
+async def test_a_write_after_without_retry_fails_with_a_failing_commit_unmade(gated) -> None:
+    """`retry=False` (the session index, which a later change writes again): storage down fails
+    the write with the commit's error at once, not made, while the events wait for storage."""
+    journal, store = gated
+    journal.open_run("run_n")
+    store.fail_writes = True
+    await journal.append("run_n", "message.delta", {"text": "waits"})
+    made: list[str] = []
+    with pytest.raises(RuntimeError, match="database is down"):
+        async with asyncio.timeout(WAIT):
+            await journal.write_after(lambda: made.append("index"), retry=False)
+    assert made == [] and journal.pending == 1
+    store.fail_writes = False
+    async with asyncio.timeout(WAIT):
+        await journal.flush()
+    assert made == [] and seqs(store.inner.read_events("run_n")) == [1]
+
+
 async def test_spooled_records_are_written_again_in_spool_order_and_a_bad_one_is_skipped(
     storage: PeeweeStorage, tmp_path: Path
 ) -> None:

@@ -138,13 +138,13 @@ async def test_an_ended_run_is_indexed_from_its_fold_not_its_journal(
     indexer = await _indexer(client)
     await get_json(client, "/v1/sessions")  # the first list indexes ended runs never indexed: none later
     sources: list[Any] = []
-    index_batch = indexer._index_batch
+    index_writes = indexer._index_writes
 
-    def seen(batch: list[Any]) -> None:
+    def seen(batch: list[Any]) -> list[Any]:
         sources.extend(source for run, source in batch if run.is_terminal)
-        index_batch(batch)
+        return index_writes(batch)
 
-    monkeypatch.setattr(indexer, "_index_batch", seen)
+    monkeypatch.setattr(indexer, "_index_writes", seen)
     await run_to_end(client, body("s-folded", "tell me about kelp", "f1"), headers=auth(ALICE))
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]
     assert (session["messageCount"], session["toolCount"], session["runCount"]) == (2, 1, 1)

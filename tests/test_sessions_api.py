@@ -308,13 +308,13 @@ async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
         if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
     ]
     calls: list[list[tuple[str, str]]] = []
-    index_batch = indexer._index_batch
+    index_writes = indexer._index_writes
 
-    def counted(batch: list[Any]) -> None:
+    def counted(batch: list[Any]) -> list[Any]:
         calls.append([(run.host_run_id, run.status) for run, _frames in batch])
-        index_batch(batch)
+        return index_writes(batch)
 
-    monkeypatch.setattr(indexer, "_index_batch", counted)
+    monkeypatch.setattr(indexer, "_index_writes", counted)
     await get_json(client, "/v1/sessions")  # the first list indexes ended runs never indexed: none later
     receipt, _events = await run_to_end(client, body("s-gathered", "gather these", "g1"), headers=auth(ALICE))
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]  # (waits for the indexer)
@@ -341,13 +341,13 @@ async def test_the_first_sessions_request_does_not_index_a_run_whose_index_is_qu
         if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
     ]
     ended: list[Any] = []
-    index_batch = indexer._index_batch
+    index_writes = indexer._index_writes
 
-    def seen(batch: list[Any]) -> None:
+    def seen(batch: list[Any]) -> list[Any]:
         ended.extend(source for run, source in batch if run.is_terminal)
-        index_batch(batch)
+        return index_writes(batch)
 
-    monkeypatch.setattr(indexer, "_index_batch", seen)
+    monkeypatch.setattr(indexer, "_index_writes", seen)
     await run_to_end(client, body("s-once", "index me once", "x1"), headers=auth(ALICE))
     assert indexer.backfilled is False  # this is the process's first sessions request
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]

@@ -51,6 +51,11 @@ MAX_FOLDS = 10_000
 # more: a long run's whole answer (1.6 MB for 100,000 deltas), joined at its end, took 1.4-3.6 ms
 # of the indexer's worker time, and its deltas stayed in memory until then.
 DIGEST_TEXT_CHARS = 100_000
+# An ended run of at most this many events, whose answer holds at most this many characters, is
+# indexed on the journal's writer, after its next commit (`_small_fold`); a longer one on a
+# storage worker.
+WRITER_INDEX_EVENTS = 1024
+WRITER_INDEX_CHARS = 16_384
 
 # -- the indexer -------------------------------------------------------------------------------------
 
@@ -144,6 +149,13 @@ class RunFold:
         return state
 
 
+def _small_fold(source: RunFold | bytes | None) -> bool:
+    """An ended run's fold short enough to index on the journal's writer. A long run's index
+    writes cost the writer more than a storage worker (1.5-1.9 against 1.1-1.2 ms for a run of
+    100,000 events, `bench/bench_run_end.py`), where its trip is nothing beside the run."""
+    return isinstance(source, RunFold) and source.next_seq <= WRITER_INDEX_EVENTS and source.kept <= WRITER_INDEX_CHARS
+
+
 @dataclass(frozen=True)
 class SessionsDeps:
     """What the sessions feature uses (its index, its routes)."""
@@ -223,7 +235,14 @@ class SessionIndexer:
                 await asyncio.sleep(INDEX_GATHER_SECONDS)
                 while not self.queue.empty():  # what came meanwhile: indexed in the same worker call
                     batch.append(self.queue.get_nowait())
-                await self._db(self._index_batch, batch)
+                if all(_small_fold(source) or not run.is_terminal for run, source in batch):
+                    # Short runs, nothing to read or parse: the journal's writer makes it after its
+                    # next commit (the next run's first one, when runs follow each other), not a
+                    # trip of its own.
+                    # A commit that fails fails it, as a worker call would (a later change indexes the run).
+                    await self.deps.journal.write_after(functools.partial(self._index_on_writer, batch), retry=False)
+                else:
+                    await self._db(self._index_batch, batch)
             except Exception:  # storage refused it: a later change of the same run indexes it
                 log.exception("could not index %d run change(s) in their sessions", len(batch))
             finally:
@@ -235,11 +254,29 @@ class SessionIndexer:
 
     def _index_batch(self, batch: list[tuple[Run, RunFold | bytes | None]]) -> None:
         """Index run snapshots, oldest first, in one worker call (a round trip per snapshot cost
-        each short run several). Only a run's last snapshot is written: the earlier ones of the
-        same run would be overwritten by it. An ended run's answer is joined here (or, without a
-        fold, its events folded), outside the journal's storage lock; the writes then take turns
-        with the journal's group commits (`Journal.write_now`), not collide in the database's lock,
-        where the loser sleeps in its busy handler."""
+        each short run several). An ended run's events, if it has no fold, are read or parsed
+        here, outside the journal's storage lock; the writes then take turns with the journal's
+        group commits (`Journal.write_now`), not collide in the database's lock, where the loser
+        sleeps in its busy handler."""
+        writes = self._index_writes(batch)
+        self.deps.journal.write_now(functools.partial(self._make_writes, writes))
+
+    def _index_on_writer(self, batch: list[tuple[Run, RunFold | bytes | None]]) -> None:
+        """`_index_batch` on the journal's writer, under its storage lock (`Journal.write_after`):
+        for snapshots whose digests read nothing (folds: an answer of at most DIGEST_TEXT_CHARS)."""
+        self._make_writes(self._index_writes(batch))
+
+    @staticmethod
+    def _make_writes(writes: list[tuple[Run, Callable[[], Any]]]) -> None:
+        for run, write in writes:
+            try:
+                write()
+            except Exception:  # one run's failure leaves the others indexed
+                log.exception("could not index run %s in its session", run.host_run_id)
+
+    def _index_writes(self, batch: list[tuple[Run, RunFold | bytes | None]]) -> list[tuple[Run, Callable[[], Any]]]:
+        """The storage writes that index run snapshots. Only a run's last snapshot is written: the
+        earlier ones of the same run would be overwritten by it."""
         latest: dict[str, tuple[Run, RunFold | bytes | None]] = {}
         for run, frames in batch:
             # Each run's last snapshot, in the order the runs first appear: a session's first run
@@ -263,15 +300,7 @@ class SessionIndexer:
                 log.exception("could not index run %s in its session", run.host_run_id)
                 continue
             writes.append((run, functools.partial(storage.put_run_digest, digest)))
-
-        def write_all() -> None:
-            for run, write in writes:
-                try:
-                    write()
-                except Exception:  # one run's failure leaves the others indexed
-                    log.exception("could not index run %s in its session", run.host_run_id)
-
-        self.deps.journal.write_now(write_all)
+        return writes
 
     async def settle(self) -> None:
         """Wait until every run change seen so far is indexed; index ended runs that never were
