@@ -204,6 +204,7 @@ class Journal:
         self._burst = False
         self._deferred_at = 0  # events waiting when `_publish_tick` last waited
         self._closed = False
+        self._stopping = False  # `close`: the writer returns once it has nothing left to store
         self.commit_errors = 0
         self.batches = 0
         self.last_commit_at = 0.0  # time.monotonic() of the last successful commit
@@ -250,12 +251,13 @@ class Journal:
             return
         self.publish()
         await self.flush()
-        while self._after:  # a run's end handed over before the close: made before the writer stops
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._after[-1].future)
         self._closed = True
         if self._writer is not None:
-            self._writer.cancel()
+            # The writer ends once nothing is left to store (the writes handed over meanwhile, a
+            # run's end or its index): never cancelled mid-commit, whose worker would go on without
+            # it (its `write_after` callers waiting forever), the loop blocked below joining it.
+            self._stopping = True
+            self._queue_ready.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
         for segment in self._segments:
@@ -556,6 +558,8 @@ class Journal:
         while True:
             await self._queue_ready.wait()
             if not self._queue and not self._behind and not self._after:
+                if self._stopping:
+                    return
                 self._queue_ready.clear()
                 idle = True
                 continue

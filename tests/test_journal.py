@@ -804,6 +804,30 @@ async def test_a_write_after_without_retry_fails_with_a_failing_commit_unmade(ga
     assert made == [] and seqs(store.inner.read_events("run_n")) == [1]
 
 
+async def test_close_lets_a_write_in_flight_end_without_blocking_the_loop(
+    storage: PeeweeStorage, tmp_path: Path
+) -> None:
+    """A write the writer is making when the journal closes (a run's index, handed over as the
+    gateway stops) ends, and its caller gets its result; the loop keeps running meanwhile (a
+    storage reached through it, as a test's database proxy is, needs it to answer)."""
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    await journal.start()
+    loop = asyncio.get_running_loop()
+    entered, answered = threading.Event(), threading.Event()
+
+    def needs_the_loop() -> str:
+        entered.set()
+        loop.call_soon_threadsafe(answered.set)
+        assert answered.wait(WAIT)
+        return "made"
+
+    write = asyncio.ensure_future(journal.write_after(needs_the_loop))
+    await wait_thread_event(entered)
+    async with asyncio.timeout(WAIT):
+        await journal.close()
+        assert await write == "made"
+
+
 async def test_spooled_records_are_written_again_in_spool_order_and_a_bad_one_is_skipped(
     storage: PeeweeStorage, tmp_path: Path
 ) -> None:
