@@ -6,7 +6,9 @@ import asyncio
 from typing import Any
 
 from agent_gateway.hookspecs import hookimpl
+from agent_gateway.routes.sessions import SessionIndexer
 from agent_gateway.runtime import RuntimePolicy, Turn, TurnOutcome
+from tests._harness import gateway_of
 
 ALICE, BOB = "tok-alice-0123456789", "tok-bob-000123456789"
 
@@ -107,3 +109,27 @@ async def gateway(make_gateway: Any, storage_kind: str) -> tuple[Any, Transcript
     plugin = TranscriptPlugin()
     client = await make_gateway(storage=storage_kind, tokens=TOKENS, extra_plugins=(plugin,))
     return client, plugin
+
+
+def indexer_of(client: Any) -> SessionIndexer:
+    """The gateway's session indexer (a run listener)."""
+    [indexer] = [
+        listener.__self__
+        for listener in gateway_of(client).runs.listeners
+        if isinstance(getattr(listener, "__self__", None), SessionIndexer)
+    ]
+    return indexer
+
+
+def watch_index_batches(monkeypatch: Any, indexer: SessionIndexer) -> list[list[tuple[Any, Any]]]:
+    """Every batch of (run snapshot, source) the indexer indexes from now on, on either path (a
+    storage worker or the journal's writer)."""
+    batches: list[list[tuple[Any, Any]]] = []
+    index_writes = indexer._index_writes
+
+    def watched(batch: list[tuple[Any, Any]]) -> list[Any]:
+        batches.append(list(batch))
+        return index_writes(batch)
+
+    monkeypatch.setattr(indexer, "_index_writes", watched)
+    return batches

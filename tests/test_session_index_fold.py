@@ -16,11 +16,10 @@ from typing import Any
 from agent_gateway.models import Event, Run
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 from agent_gateway.plugins.journal_peewee.sessions import MAX_SEARCH_TEXT, SessionIndexMixin
-from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.routes.sessions.indexer import DIGEST_TEXT_CHARS, RunFold, run_digest
 from agent_gateway.transcript import project_transcript, run_transcript
 from tests._harness import POSTGRES_URL, WAIT, gateway_of, run_to_end, storage_fixture  # noqa: F401  (fixtures)
-from tests._sessions import ALICE, auth, body, gateway, get_json
+from tests._sessions import ALICE, auth, body, gateway, get_json, indexer_of, watch_index_batches
 
 
 def _run(host_run_id: str = "run_fold", session_id: str = "s-fold", message: Any = "what about kelp?") -> Run:
@@ -122,35 +121,20 @@ def test_a_fold_refuses_events_that_do_not_follow_it() -> None:
     assert not fold.ended
 
 
-async def _indexer(client: Any) -> Any:
-    [indexer] = [
-        listener.__self__
-        for listener in gateway_of(client).runs.listeners
-        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
-    ]
-    return indexer
-
-
 async def test_an_ended_run_is_indexed_from_its_fold_not_its_journal(
     make_gateway: Any, storage_kind: str, monkeypatch: Any
 ) -> None:
     client, _plugin = await gateway(make_gateway, storage_kind)
-    indexer = await _indexer(client)
+    indexer = indexer_of(client)
     await get_json(client, "/v1/sessions")  # the first list indexes ended runs never indexed: none later
-    sources: list[Any] = []
-    index_writes = indexer._index_writes
-
-    def seen(batch: list[Any]) -> list[Any]:
-        sources.extend(source for run, source in batch if run.is_terminal)
-        return index_writes(batch)
-
-    monkeypatch.setattr(indexer, "_index_writes", seen)
+    batches = watch_index_batches(monkeypatch, indexer)
     await run_to_end(client, body("s-folded", "tell me about kelp", "f1"), headers=auth(ALICE))
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]
     assert (session["messageCount"], session["toolCount"], session["runCount"]) == (2, 1, 1)
     found = (await get_json(client, "/v1/sessions", q="kelp"))["sessions"]
     assert [s["sessionId"] for s in found] == ["s-folded"]
     assert not (await get_json(client, "/v1/sessions", q="pondering"))["sessions"]  # thoughts never indexed
+    sources = [source for batch in batches for run, source in batch if run.is_terminal]
     assert len(sources) == 1 and isinstance(sources[0], RunFold)
     assert indexer.folds == {}  # taken at the run's end
 
@@ -159,7 +143,7 @@ async def test_a_run_whose_fold_was_lost_is_folded_from_its_journal(make_gateway
     """A fold dropped mid-run (the bound on folds, or a fold that failed) is not used: the
     run's end folds its journal, with the same result."""
     client, _plugin = await gateway(make_gateway, storage_kind)
-    indexer = await _indexer(client)
+    indexer = indexer_of(client)
     folded = indexer._fold
 
     def fold_then_lose(host_run_id: str, events: list[Event]) -> None:
@@ -215,7 +199,7 @@ async def test_a_fold_that_fails_never_stops_the_run(make_gateway: Any, storage_
     assert events[-1]["event"] == "run.completed"
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]
     assert (session["messageCount"], session["toolCount"]) == (2, 1)
-    assert (await _indexer(client)).folds == {}
+    assert (indexer_of(client)).folds == {}
 
 
 def _index_row(storage: PeeweeStorage, session_id: str) -> tuple[Any, ...]:

@@ -14,10 +14,20 @@ import pytest
 
 from agent_gateway.acp.runtime import AcpAgentSpec, AcpRuntime
 from agent_gateway.hookspecs import hookimpl
-from agent_gateway.routes import sessions as sessions_routes
 from agent_gateway.routes.sessions import indexer as sessions_indexer
 from tests._harness import FAKE_ACP_AGENT, WAIT, gateway_of, run_to_end
-from tests._sessions import ALICE, BOB, TOKENS, TranscriptPlugin, auth, body, gateway, get_json
+from tests._sessions import (
+    ALICE,
+    BOB,
+    TOKENS,
+    TranscriptPlugin,
+    auth,
+    body,
+    gateway,
+    get_json,
+    indexer_of,
+    watch_index_batches,
+)
 
 
 async def test_list_detail_search_export(make_gateway: Any, storage_kind: str) -> None:
@@ -302,27 +312,15 @@ async def test_a_short_runs_changes_are_indexed_in_one_worker_call(
     its end) into one worker call, not one each."""
     monkeypatch.setattr(sessions_indexer, "INDEX_GATHER_SECONDS", 0.5)  # the whole run below falls within it
     client, _plugin = await gateway(make_gateway, storage_kind)
-    [indexer] = [
-        listener.__self__
-        for listener in gateway_of(client).runs.listeners
-        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
-    ]
-    calls: list[list[tuple[str, str]]] = []
-    index_writes = indexer._index_writes
-
-    def counted(batch: list[Any]) -> list[Any]:
-        calls.append([(run.host_run_id, run.status) for run, _frames in batch])
-        return index_writes(batch)
-
-    monkeypatch.setattr(indexer, "_index_writes", counted)
+    batches = watch_index_batches(monkeypatch, indexer_of(client))
     await get_json(client, "/v1/sessions")  # the first list indexes ended runs never indexed: none later
     receipt, _events = await run_to_end(client, body("s-gathered", "gather these", "g1"), headers=auth(ALICE))
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]  # (waits for the indexer)
     assert session["lastStatus"] == "completed" and session["runCount"] == 1
     detail = await get_json(client, "/v1/sessions/s-gathered")
     assert detail["runs"][0]["transcript"]["answer"]["text"] == "Here is about gather these"
-    [call] = [call for call in calls if any(run_id == receipt["hostRunId"] for run_id, _status in call)]
-    statuses = [status for _run_id, status in call]
+    [call] = [batch for batch in batches if any(run.host_run_id == receipt["hostRunId"] for run, _source in batch)]
+    statuses = [run.status for run, _source in call]
     assert statuses[0] == "running" and statuses[-1] == "completed" and len(statuses) >= 3
 
 
@@ -335,23 +333,13 @@ async def test_the_first_sessions_request_does_not_index_a_run_whose_index_is_qu
     back from storage (a long run's 100,000 rows on a worker)."""
     monkeypatch.setattr(sessions_indexer, "INDEX_GATHER_SECONDS", 0.5)  # the digest waits while the list comes
     client, _plugin = await gateway(make_gateway, storage_kind)
-    [indexer] = [
-        listener.__self__
-        for listener in gateway_of(client).runs.listeners
-        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
-    ]
-    ended: list[Any] = []
-    index_writes = indexer._index_writes
-
-    def seen(batch: list[Any]) -> list[Any]:
-        ended.extend(source for run, source in batch if run.is_terminal)
-        return index_writes(batch)
-
-    monkeypatch.setattr(indexer, "_index_writes", seen)
+    indexer = indexer_of(client)
+    batches = watch_index_batches(monkeypatch, indexer)
     await run_to_end(client, body("s-once", "index me once", "x1"), headers=auth(ALICE))
     assert indexer.backfilled is False  # this is the process's first sessions request
     [session] = (await get_json(client, "/v1/sessions"))["sessions"]
     assert session["sessionId"] == "s-once" and session["lastStatus"] == "completed"
+    ended = [source for batch in batches for run, source in batch if run.is_terminal]
     assert [type(source).__name__ for source in ended] == ["RunFold"]  # once, from its fold
 
 
@@ -363,11 +351,7 @@ async def test_a_sessions_first_run_names_it_when_the_next_one_is_seen_before_it
     its first run, and takes that run's question as its title."""
     client, _plugin = await gateway(make_gateway, storage_kind)
     gw = gateway_of(client)
-    [indexer] = [
-        listener.__self__
-        for listener in gw.runs.listeners
-        if isinstance(getattr(listener, "__self__", None), sessions_routes.SessionIndexer)
-    ]
+    indexer = indexer_of(client)
     first, _ = await run_to_end(client, body("s-source", "The first question", "o1"), headers=auth(ALICE))
     second, _ = await run_to_end(client, body("s-source", "The second question", "o2"), headers=auth(ALICE))
     await get_json(client, "/v1/sessions")  # (both indexed under s-source)

@@ -238,8 +238,7 @@ class SessionIndexer:
                 if all(_small_fold(source) or not run.is_terminal for run, source in batch):
                     # Short runs, nothing to read or parse: the journal's writer makes it after its
                     # next commit (the next run's first one, when runs follow each other), not a
-                    # trip of its own.
-                    # A commit that fails fails it, as a worker call would (a later change indexes the run).
+                    # trip of its own. A commit that fails fails it, as a worker call would.
                     await self.deps.journal.write_after(functools.partial(self._index_on_writer, batch), retry=False)
                 else:
                     await self._db(self._index_batch, batch)
@@ -263,7 +262,7 @@ class SessionIndexer:
 
     def _index_on_writer(self, batch: list[tuple[Run, RunFold | bytes | None]]) -> None:
         """`_index_batch` on the journal's writer, under its storage lock (`Journal.write_after`):
-        for snapshots whose digests read nothing (folds: an answer of at most DIGEST_TEXT_CHARS)."""
+        for batches of running runs and short ended ones with their folds (`_small_fold`)."""
         self._make_writes(self._index_writes(batch))
 
     @staticmethod
