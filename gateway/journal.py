@@ -204,7 +204,6 @@ class Journal:
         self._burst = False
         self._deferred_at = 0  # events waiting when `_publish_tick` last waited
         self._closed = False
-        self._stopping = False  # `close`: the writer returns once it has nothing left to store
         self.commit_errors = 0
         self.batches = 0
         self.last_commit_at = 0.0  # time.monotonic() of the last successful commit
@@ -256,7 +255,6 @@ class Journal:
             # The writer ends once nothing is left to store (the writes handed over meanwhile, a
             # run's end or its index): never cancelled mid-commit, whose worker would go on without
             # it (its `write_after` callers waiting forever), the loop blocked below joining it.
-            self._stopping = True
             self._queue_ready.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
@@ -503,7 +501,8 @@ class Journal:
         self._after.append(_After(self._appended, call, future, retry))
         if not self._queue_ready.is_set():
             self._queue_ready.set()
-        return await asyncio.shield(future)  # a cancelled caller's write is still made, in order
+        # A caller cancelled meanwhile cancels only its wait: the write stays queued, made in order.
+        return await future
 
     def write_now(self, call: Callable[[], Any]) -> Any:
         """`write`, for code already on a worker thread: makes `call` between two group commits,
@@ -558,7 +557,7 @@ class Journal:
         while True:
             await self._queue_ready.wait()
             if not self._queue and not self._behind and not self._after:
-                if self._stopping:
+                if self._closed:  # (`close`) nothing is left to store
                     return
                 self._queue_ready.clear()
                 idle = True

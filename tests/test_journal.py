@@ -751,6 +751,26 @@ async def test_a_write_after_goes_with_the_commit_of_the_events_before_it(gated)
         await journal.flush()
 
 
+async def test_a_write_after_whose_caller_is_cancelled_is_still_made_in_order(gated) -> None:
+    """A run's task cancelled while its final status waits (a shutdown): the write stays queued
+    and is made, before the writes handed over after it."""
+    journal, store = gated
+    journal.open_run("run_c")
+    gate = store.hold_writes("before")
+    await journal.append("run_c", "run.completed", {})
+    assert gate is not None
+    await wait_thread_event(gate.entered)  # a commit is in flight: the write waits for the next one
+    made: list[str] = []
+    waiting = asyncio.ensure_future(journal.write_after(lambda: made.append("status")))
+    await asyncio.sleep(0)  # (it is queued at once, before its first await)
+    waiting.cancel()
+    store.hold_writes(None)
+    gate.release.set()
+    async with asyncio.timeout(WAIT):
+        await journal.write_after(lambda: made.append("next"))
+    assert made == ["status", "next"] and waiting.cancelled()
+
+
 async def test_a_failing_write_after_raises_to_its_caller_and_leaves_the_events_stored(gated) -> None:
     journal, store = gated
     journal.open_run("run_e")
