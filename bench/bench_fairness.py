@@ -4,7 +4,8 @@
 
 A real `agent-gateway serve` (SQLite, default config) with the chat-only runtime, pointed at an
 upstream in its own process that answers every chat completion with the model's count of deltas
-(`n20000`, `n3`) written in one go, as fast as the socket takes (`hang`: headers, then nothing),
+(`n20000`, `n3`) written in one go, as fast as the socket takes (`n50p10`: 50 deltas 10 ms apart,
+as a model paces them; `hang`: headers, then nothing),
 on a connection it keeps alive as real upstreams do (`--upstream-closes`: it closes each one).
 One SSE client (its own process) reads the fast run. Alternating, in each round:
 
@@ -76,7 +77,8 @@ TTFE_EVERY = 0  # --ttfe-every: a pair of first-event probes per this many probe
 IDLE_TTFE_EVERY = 10  # at idle without --ttfe-every: a pair of first-event probes per this many probes
 SECOND_RUN_WITHIN = (0.010, 0.110)  # seconds after the fast run's start: when its second run starts
 PACE = 0.010  # --pace-ms: the pause between two probes
-MODEL = re.compile(rb'"model":\s*"n([0-9]+)"')
+# The answer a model name asks for: `n<count>` deltas at once, `n<count>p<ms>` each <ms> apart.
+MODEL = re.compile(rb'"model":\s*"n([0-9]+)(?:p([0-9]+))?"')
 CLOCK_EVERY = 0.002  # seconds between two readings of the gateway loop's clock
 
 
@@ -141,10 +143,19 @@ async def _upstream_connection(reader: asyncio.StreamReader, writer: asyncio.Str
                 await reader.read()
                 return
             found = MODEL.search(body)
-            answer = CHUNK * (int(found.group(1)) if found else 3) + TAIL
+            count = int(found.group(1)) if found else 3
+            gap = int(found.group(2)) / 1000 if found and found.group(2) else 0.0
+            answer = CHUNK * count + TAIL
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             head += b"Content-Length: %d\r\n\r\n" % len(answer) if KEEP_ALIVE else b"Connection: close\r\n\r\n"
-            writer.write(head + answer)
+            if gap:
+                writer.write(head)
+                for _ in range(count):
+                    await asyncio.sleep(gap)  # a model's pace between two deltas
+                    writer.write(CHUNK)
+                writer.write(TAIL)
+            else:
+                writer.write(head + answer)
             await writer.drain()  # as fast as the socket takes
             if not KEEP_ALIVE:
                 return

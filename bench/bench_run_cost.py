@@ -37,7 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -160,27 +161,28 @@ def _start_gateway(
     return gateway, found.group(1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--baseline-python", help="a Python whose agent_gateway is the baseline (its own venv)")
-    args = parser.parse_args()
-    fairness = str(Path(__file__).resolve().parent / "bench_fairness.py")
+@contextmanager
+def upstream_and_gateways(
+    baseline_python: str | None, model: str
+) -> Iterator[tuple[ExitStack, dict[str, tuple[str, int]], int, dict[str, str]]]:
+    """bench_fairness's upstream (answering `model`), and a gateway pointed at it per Python
+    (`this`; `baseline` if given), each on its own data dir, all stopped on leaving: the stack
+    they close with, the gateways by name (URL, process id), the upstream's pid, the gateways' env."""
+    fairness = str(HERE / "bench_fairness.py")
     upstream = subprocess.Popen([sys.executable, fairness, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
     pythons = {"this": sys.executable}
-    if args.baseline_python:
-        pythons["baseline"] = args.baseline_python
+    if baseline_python:
+        pythons["baseline"] = baseline_python
     try:
         assert upstream.stdout is not None
         base_url = upstream.stdout.readline().strip()
-        env = {**ENV, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "", "OPENAI_MODEL": "n3"}
+        env = {**ENV, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "", "OPENAI_MODEL": model}
         with ExitStack() as stack:
             gateways: dict[str, tuple[str, int]] = {}
             for name, python in pythons.items():
                 data_dir = stack.enter_context(tempfile.TemporaryDirectory())
-                # The baseline's own checkout only: not this one on its path (PYTHONPATH), nor as its
-                # working directory, whose package metadata (an editable install's) lists this
+                # The baseline's own checkout only: not this one on its path (PYTHONPATH), nor as
+                # its working directory, whose package metadata (an editable install's) lists this
                 # checkout's plugins.
                 if name == "this":
                     gateway, url = _start_gateway(python, data_dir, env)
@@ -189,17 +191,27 @@ def main() -> None:
                 stack.callback(gateway.wait, timeout=30)
                 stack.callback(gateway.terminate)
                 gateways[name] = (url, gateway.pid)
-            floor_server = [sys.executable, str(HERE / "_floor_server.py")]
-            floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
-            stack.callback(floor.wait, timeout=30)
-            stack.callback(floor.terminate)
-            gateways["floor"] = (url, floor.pid)
-            started = time.perf_counter()
-            asyncio.run(_bench(gateways, upstream.pid, args.runs, args.rounds))
-            print(f"took {time.perf_counter() - started:.0f} s")
+            yield stack, gateways, upstream.pid, env
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline-python", help="a Python whose agent_gateway is the baseline (its own venv)")
+    args = parser.parse_args()
+    with upstream_and_gateways(args.baseline_python, "n3") as (stack, gateways, upstream_pid, env):
+        floor_server = [sys.executable, str(HERE / "_floor_server.py")]
+        floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
+        stack.callback(floor.wait, timeout=30)
+        stack.callback(floor.terminate)
+        gateways["floor"] = (url, floor.pid)
+        started = time.perf_counter()
+        asyncio.run(_bench(gateways, upstream_pid, args.runs, args.rounds))
+        print(f"took {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

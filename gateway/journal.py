@@ -48,9 +48,11 @@ SPOOL_RECORD = b"record: "
 # GIL while the loop is busy would otherwise shrink commits to a size where overhead dominates.
 COMMIT_TARGET_SECONDS = 0.003
 COMMIT_MIN_EVENTS = 256
-# A writer that was idle waits this long before its next commit, so the events that follow the
-# first one closely go with it (not in cluster mode, where delivery waits for the commit).
-COMMIT_GATHER_SECONDS = 0.002
+# A writer that was idle waits up to this long before its next commit, so the run that woke it
+# goes to storage in one commit: until one of the queued runs' terminal event, a flush, or a full
+# queue, whichever comes first (not in cluster mode, where delivery waits for the commit). The
+# events are spooled meanwhile: a crash loses none of them.
+COMMIT_GATHER_SECONDS = 0.02
 # How long `write` waits for a group commit to end before it writes anyway (storage stuck).
 PRIORITY_WAIT_SECONDS = 0.25
 BURST_EVENTS = 64
@@ -110,6 +112,11 @@ class _RunTail:
         self.region[start:end] = frames
         self.used = end
         self.entries.append((first, last, terminal, start, end))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _After(NamedTuple):
@@ -219,6 +226,9 @@ class Journal:
         self._after: deque[_After] = deque()
         self.priority_wait = PRIORITY_WAIT_SECONDS
         self.commit_gather = COMMIT_GATHER_SECONDS
+        # The idle writer's gather: cut short once set (`commit_soon`), and what it awaits.
+        self._commit_now = False
+        self._gather_waiter: asyncio.Future[None] | None = None
         # Events per group commit, adapted to COMMIT_TARGET_SECONDS (starts at `batch_max`).
         self.commit_limit = batch_max
         self.on_append: list[Callable[[Event], None]] = []
@@ -301,6 +311,7 @@ class Journal:
             try:
                 event = self.append_nowait(host_run_id, kind, payload, source)
             except JournalFull:
+                self.commit_soon()  # room comes with the next commit
                 self._room.clear()
                 await self._room.wait()
                 continue
@@ -378,6 +389,7 @@ class Journal:
         publish, hooks, count_bytes = self.bus.publish_many, self.on_append, self.on_published_bytes
         batch_hooks = self.on_publish
         keep_frames = self.tail_bytes > 0 and not self.durable_delivery
+        ended = False
         for (host_run_id, events), blob in zip(unpublished.items(), blobs, strict=True):
             if count_bytes is not None:
                 count_bytes(host_run_id, len(blob))
@@ -390,6 +402,7 @@ class Journal:
                 pending[host_run_id] = deque((events,))
             else:
                 run_pending.append(events)
+            ended = ended or events[-1].is_terminal
             if not self.durable_delivery:
                 publish(host_run_id, events, blob)
             for batch_hook in batch_hooks:
@@ -397,8 +410,29 @@ class Journal:
             for hook in hooks:
                 for event in events:
                     hook(event)
+        if ended or self._queued >= self.commit_limit:
+            self.commit_soon()
         if not self._queue_ready.is_set():
             self._queue_ready.set()
+
+    def commit_soon(self) -> None:
+        """End the idle writer's gather (or skip its next one): what is queued goes to storage
+        now. For a caller that waits for a commit: a flush, a write after it, a full queue."""
+        self._commit_now = True
+        waiter = self._gather_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _gather(self) -> None:
+        """Wait up to `commit_gather` for `commit_soon`."""
+        loop = asyncio.get_running_loop()
+        waiter = self._gather_waiter = loop.create_future()
+        timer = loop.call_later(self.commit_gather, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._gather_waiter = None
 
     async def flush(self) -> None:
         """Wait until every event appended so far is committed to storage."""
@@ -408,6 +442,7 @@ class Journal:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._flush_waiters.append((target, future))
+        self.commit_soon()
         await future
 
     @property
@@ -499,6 +534,8 @@ class Journal:
         self.publish()
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._after.append(_After(self._appended, call, future, retry))
+        if retry:  # (without: a write that may wait for the next run's commit, the session index)
+            self.commit_soon()
         if not self._queue_ready.is_set():
             self._queue_ready.set()
         # A caller cancelled meanwhile cancels only its wait: the write stays queued, made in order.
@@ -562,11 +599,11 @@ class Journal:
                 self._queue_ready.clear()
                 idle = True
                 continue
-            if idle and not self.durable_delivery and self.commit_gather > 0:
+            if idle and not self._commit_now and not self.durable_delivery and self.commit_gather > 0:
                 # The first events after a pause: a short run's next ones (its status, its answer,
-                # its end) follow within a millisecond or two, and join this commit.
-                await asyncio.sleep(self.commit_gather)
-            idle = False
+                # its end, its final status) follow within milliseconds, and join this commit.
+                await self._gather()
+            idle = self._commit_now = False
             # Per-run batches, oldest first, up to `commit_limit` events (the last one taken is
             # split if it goes over: a run's events stay in seq order, each part a queue entry).
             taken: list[list[Event]] = []

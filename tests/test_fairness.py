@@ -39,6 +39,7 @@ from agent_gateway.server import fairness
 from agent_gateway.server.http_server import GatewayRunner, GuardedTCPSite
 from agent_gateway.server.loop_monitor import BUCKETS, LoopLagMonitor
 from tests._harness import WAIT, MakeGateway, gateway_of, metric, parse_prometheus, run_body, run_to_end
+from tests._sessions import indexer_of
 
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"xxxxxxxxxxxxxxxx"}}]}\n\n'
 TAIL = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
@@ -172,6 +173,9 @@ async def test_readiness_skips_the_ping_while_the_journal_commits_and_pings_afte
 
     gw.storage.ping = counting_ping  # type: ignore[method-assign]
     await run_to_end(client, run_body("hello"))
+    # The run's session index entry, written with a commit of its own: made now, not while the
+    # health checks below set what vouches for storage.
+    await indexer_of(client).settle()
     await gw.journal.flush()
     assert (await client.get("/v1/health")).status == 200
     assert pings == []  # a commit just now vouched for storage

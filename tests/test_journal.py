@@ -259,21 +259,70 @@ async def test_a_write_behind_refused_for_a_lost_lease_is_dropped_not_retried(
     await journal.close()
 
 
+async def _loop_turns(count: int = 3) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)  # loop turns: an idle writer that did not gather takes what is there
+
+
 async def test_events_soon_after_an_idle_writer_go_in_its_next_commit(storage: PeeweeStorage, tmp_path: Path) -> None:
-    """A writer that was idle waits `commit_gather` before it takes a batch: a short run's events,
-    appended a loop turn or two apart, go to storage in one commit, not one commit each."""
+    """A writer that was idle gathers before it takes a batch: a short run's events, appended
+    loop turns apart, go to storage in one commit, not one commit each. A flush ends the gather
+    at once (its caller waits for the commit, never for `commit_gather`)."""
     journal = Journal(storage, Bus(), tmp_path / "spool")
-    journal.commit_gather = 0.5  # far longer than the loop turns below take
+    journal.commit_gather = 600.0  # only a flush can end it within the test's bound
     await journal.start()
     journal.open_run("run_a")
     for text in ("running", "answer", "end"):
         await journal.append("run_a", "message.delta", {"text": text})
-        for _ in range(3):
-            await asyncio.sleep(0)  # loop turns: an idle writer would have taken what was there
+        await _loop_turns()
+    assert journal.batches == 0 and storage.read_events("run_a") == []
     async with asyncio.timeout(WAIT):
         await journal.flush()
     assert [e.payload["text"] for e in storage.read_events("run_a")] == ["running", "answer", "end"]
     assert journal.batches == 1
+    await journal.close()
+
+
+async def test_a_run_s_terminal_event_ends_the_gather(storage: PeeweeStorage, tmp_path: Path) -> None:
+    """The run that woke an idle writer goes to storage in one commit when it ends, with the
+    write waiting for it (its final status), not `commit_gather` later."""
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    journal.commit_gather = 600.0
+    await journal.start()
+    journal.open_run("run_a")
+    for text in ("running", "answer"):
+        await journal.append("run_a", "message.delta", {"text": text})
+        await _loop_turns()
+    await journal.append("run_a", "run.completed", {"status": "completed"})
+    # Without a retry, `write_after` asks for no commit of its own: only the terminal event does.
+    async with asyncio.timeout(WAIT):
+        kinds = await journal.write_after(lambda: [e.kind for e in storage.read_events("run_a")], retry=False)
+    assert kinds == ["message.delta", "message.delta", "run.completed"]
+    assert journal.batches == 1
+    await journal.close()
+
+
+@pytest.mark.parametrize(
+    ("gather", "retry"),
+    [
+        # A run still streaming when the gather ends: what it appended so far is committed then.
+        pytest.param(0.05, False, id="the gather's end"),
+        # A write its caller waits for (a run's final status) ends the gather at once: a run's
+        # end never waits it out.
+        pytest.param(600.0, True, id="a write waited for"),
+    ],
+)
+async def test_a_write_after_is_made_with_the_commit_that_ends_the_gather(
+    storage: PeeweeStorage, tmp_path: Path, gather: float, retry: bool
+) -> None:
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    journal.commit_gather = gather
+    await journal.start()
+    journal.open_run("run_a")
+    await journal.append("run_a", "message.delta", {"text": "first"})
+    async with asyncio.timeout(WAIT):
+        stored = await journal.write_after(lambda: len(storage.read_events("run_a")), retry=retry)
+    assert stored == 1 and journal.batches == 1
     await journal.close()
 
 

@@ -183,6 +183,7 @@ class SessionIndexer:
         self.worker: asyncio.Task[None] | None = None
         self.backfilled = False
         self.stopped = False
+        self.settling = 0  # requests waiting in `settle`: their index writes do not wait for a run
         # The folds of runs whose every event this process published, from their first.
         self.folds: dict[str, RunFold] = {}
         if self.enabled:
@@ -237,8 +238,10 @@ class SessionIndexer:
                     batch.append(self.queue.get_nowait())
                 if all(_small_fold(source) or not run.is_terminal for run, source in batch):
                     # Short runs, nothing to read or parse: the journal's writer makes it after its
-                    # next commit (the next run's first one, when runs follow each other), not a
-                    # trip of its own. A commit that fails fails it, as a worker call would.
+                    # next commit (the next run's, when runs follow each other), not a trip of its
+                    # own. A commit that fails fails it, as a worker call would.
+                    if self.settling:
+                        self.deps.journal.commit_soon()
                     await self.deps.journal.write_after(functools.partial(self._index_on_writer, batch), retry=False)
                 else:
                     await self._db(self._index_batch, batch)
@@ -306,6 +309,14 @@ class SessionIndexer:
         (once per process: e.g. runs marked interrupted at start-up)."""
         if not self.enabled:
             raise ApiError(501, "not_supported", "this storage backend keeps no session index")
+        self.settling += 1
+        self.deps.journal.commit_soon()  # an index write already waiting for the next commit
+        try:
+            await self._settle()
+        finally:
+            self.settling -= 1
+
+    async def _settle(self) -> None:
         # A run whose terminal event is out (a client may have seen it) is only storing its end:
         # wait for it, so its digest is in the queue.
         for run in self.deps.runs.active_runs():
