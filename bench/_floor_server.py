@@ -1,6 +1,6 @@
 """The floor of a short run: a bare aiohttp server doing a run's HTTP work and nothing else.
 
-    python bench/_floor_server.py   (OPENAI_BASE_URL: the upstream)
+    python bench/_floor_server.py   (OPENAI_BASE_URL: the upstream; OPENAI_MODEL: its answer)
 
 What `bench_run_cost.py` times beside the gateway: `POST /v1/runs` (a JSON body read, an id
 answered), one streamed chat completion from the upstream on a kept-alive aiohttp client
@@ -22,13 +22,14 @@ from typing import Any
 from aiohttp import ClientSession, web
 
 UPSTREAM = os.environ.get("OPENAI_BASE_URL", "").rstrip("/")
+MODEL = os.environ.get("OPENAI_MODEL", "n3")  # the answer asked for (bench_fairness's upstream)
 HTTP_KEY = web.AppKey("http", ClientSession)
 RUNS_KEY = web.AppKey("runs", dict)
 
 
 async def _relay(http: ClientSession, events: asyncio.Queue[bytes | None]) -> None:
     """Stream one chat completion, each delta's SSE frame onto `events`; None at the end."""
-    body = {"model": "n3", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "go"}]}
     seq = 0
     try:
         async with http.post(UPSTREAM + "/chat/completions", json=body) as response:

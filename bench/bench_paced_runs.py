@@ -8,7 +8,10 @@ bench_fairness's upstream (its own process), which answers each run with `--delt
 `--gap-ms` apart, as a model streams its tokens. Each run is one call (`POST /v1/runs` with
 `Accept: text/event-stream`) read to its end; `--at-once` runs go together, waves of them until
 `--runs`. `--baseline-python`: a Python whose `agent_gateway` is the baseline (another checkout in
-its own venv); the rounds alternate between the two gateways (the order swapped each round).
+its own venv); the rounds alternate between the gateways (the order swapped each round).
+`_floor_server.py` runs beside them in the same rounds: a bare aiohttp server relaying the same
+answer to the same client (no journal, storage or anything else), the CPU no aiohttp gateway goes
+below; the report gives it as a share of each gateway's.
 
 Per run: the journal's group commits (`agent_gateway_journal_commits_total`), the loop thread's
 CPU and the worker threads' (`/proc/<pid>/task/*/schedstat`), read once no run is active; the
@@ -38,11 +41,10 @@ COMMITS = re.compile(r"^agent_gateway_journal_commits_total (\S+)$", re.M)
 
 
 async def _commits(http: aiohttp.ClientSession, url: str) -> float:
+    """The journal's group commits so far (0 for the floor, which stores nothing)."""
     async with http.get(url + "/metrics") as response:
         found = COMMITS.search(await response.text())
-    if found is None:
-        raise RuntimeError("the gateway's metrics have no journal commit count")
-    return float(found.group(1))
+    return float(found.group(1)) if found else 0.0
 
 
 async def _run(http: aiohttp.ClientSession, url: str, model: str) -> None:
@@ -98,17 +100,15 @@ async def _bench(
     for (name, at_once), rows in results.items():
         for key in keys:
             report[f"{name}.{at_once}_at_once.{key}"] = round(median([row[key] for row in rows]), 3)
-    if "baseline" in gateways:
+    pairs = [("this", "baseline", keys[:-1]), ("floor", "this", ("total_ms",)), ("floor", "baseline", ("total_ms",))]
+    for over, under, compared in pairs:
+        if over not in gateways or under not in gateways:
+            continue
         for at_once in levels:
-            pairs = zip(results["this", at_once], results["baseline", at_once], strict=True)
-            for this, base in list(pairs):
-                for key in keys[:-1]:
-                    report.setdefault(f"{at_once}_at_once.{key}.this_over_baseline", []).append(
-                        this[key] / base[key] if base[key] else float("nan")
-                    )
-            for key in keys[:-1]:
-                name = f"{at_once}_at_once.{key}.this_over_baseline"
-                report[name] = round(median(report[name]), 3)
+            rounds_of = list(zip(results[over, at_once], results[under, at_once], strict=True))
+            for key in compared:
+                ratios = [this[key] / base[key] for this, base in rounds_of if base[key] > 0]
+                report[f"{at_once}_at_once.{key}.{over}_over_{under}"] = round(median(ratios), 3)
     print(json.dumps(report, indent=1))
 
 
@@ -123,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(level) for level in args.at_once.split(",")]
     model = f"n{args.deltas}p{args.gap_ms}"
-    with upstream_and_gateways(args.baseline_python, model) as (_, gateways, upstream_pid, _):
+    with upstream_and_gateways(args.baseline_python, model) as (gateways, upstream_pid):
         started = time.perf_counter()
         asyncio.run(_bench(gateways, upstream_pid, model, args.runs, levels, args.rounds))
         print(f"took {time.perf_counter() - started:.0f} s")

@@ -162,12 +162,10 @@ def _start_gateway(
 
 
 @contextmanager
-def upstream_and_gateways(
-    baseline_python: str | None, model: str
-) -> Iterator[tuple[ExitStack, dict[str, tuple[str, int]], int, dict[str, str]]]:
-    """bench_fairness's upstream (answering `model`), and a gateway pointed at it per Python
-    (`this`; `baseline` if given), each on its own data dir, all stopped on leaving: the stack
-    they close with, the gateways by name (URL, process id), the upstream's pid, the gateways' env."""
+def upstream_and_gateways(baseline_python: str | None, model: str) -> Iterator[tuple[dict[str, tuple[str, int]], int]]:
+    """bench_fairness's upstream (answering `model`), and pointed at it a gateway per Python
+    (`this`; `baseline` if given), each on its own data dir, and `_floor_server.py` (`floor`),
+    all stopped on leaving: by name, each one's URL and process id; the upstream's."""
     fairness = str(HERE / "bench_fairness.py")
     upstream = subprocess.Popen([sys.executable, fairness, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
     pythons = {"this": sys.executable}
@@ -191,7 +189,12 @@ def upstream_and_gateways(
                 stack.callback(gateway.wait, timeout=30)
                 stack.callback(gateway.terminate)
                 gateways[name] = (url, gateway.pid)
-            yield stack, gateways, upstream.pid, env
+            floor_server = [sys.executable, str(HERE / "_floor_server.py")]
+            floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
+            stack.callback(floor.wait, timeout=30)
+            stack.callback(floor.terminate)
+            gateways["floor"] = (url, floor.pid)
+            yield gateways, upstream.pid
     finally:
         upstream.terminate()
         upstream.wait(timeout=10)
@@ -203,12 +206,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline-python", help="a Python whose agent_gateway is the baseline (its own venv)")
     args = parser.parse_args()
-    with upstream_and_gateways(args.baseline_python, "n3") as (stack, gateways, upstream_pid, env):
-        floor_server = [sys.executable, str(HERE / "_floor_server.py")]
-        floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
-        stack.callback(floor.wait, timeout=30)
-        stack.callback(floor.terminate)
-        gateways["floor"] = (url, floor.pid)
+    with upstream_and_gateways(args.baseline_python, "n3") as (gateways, upstream_pid):
         started = time.perf_counter()
         asyncio.run(_bench(gateways, upstream_pid, args.runs, args.rounds))
         print(f"took {time.perf_counter() - started:.0f} s")

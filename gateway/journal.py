@@ -48,11 +48,12 @@ SPOOL_RECORD = b"record: "
 # GIL while the loop is busy would otherwise shrink commits to a size where overhead dominates.
 COMMIT_TARGET_SECONDS = 0.003
 COMMIT_MIN_EVENTS = 256
-# A writer that was idle waits up to this long before its next commit, so the run that woke it
-# goes to storage in one commit: until one of the queued runs' terminal event, a flush, or a full
-# queue, whichever comes first (not in cluster mode, where delivery waits for the commit). The
-# events are spooled meanwhile: a crash loses none of them.
-COMMIT_GATHER_SECONDS = 0.02
+# A writer that was idle waits up to this long before its next commit (`_gather`), unless one of
+# the queued runs ends or something waits for the commit (`commit_soon`): a short run goes to
+# storage in one commit, a model-paced stream (a delta every 10 ms) in one commit per 10 deltas,
+# not one per delta (bench_paced_runs.py: its CPU 0.6-0.7x). Not in cluster mode, where delivery
+# waits for the commit. The events are spooled first: a killed process loses none of them.
+COMMIT_GATHER_SECONDS = 0.1
 # How long `write` waits for a group commit to end before it writes anyway (storage stuck).
 PRIORITY_WAIT_SECONDS = 0.25
 BURST_EVENTS = 64
