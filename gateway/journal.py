@@ -49,10 +49,11 @@ SPOOL_RECORD = b"record: "
 COMMIT_TARGET_SECONDS = 0.003
 COMMIT_MIN_EVENTS = 256
 # A writer that was idle waits up to this long before its next commit (`_gather`), unless one of
-# the queued runs ends or something waits for the commit (`commit_soon`): a short run goes to
-# storage in one commit, a model-paced stream (a delta every 10 ms) in one commit per 10 deltas,
-# not one per delta (bench_paced_runs.py: its CPU 0.6-0.7x). Not in cluster mode, where delivery
-# waits for the commit. The events are spooled first: a killed process loses none of them.
+# the queued runs ends, COMMIT_MIN_EVENTS wait (a fast run, whose commits must keep up from its
+# start) or something waits for the commit (`commit_soon`): a short run goes to storage in one
+# commit, a model-paced stream (a delta every 10 ms) in one commit per 10 deltas, not one per
+# delta (bench_paced_runs.py: its CPU 0.6-0.7x). Not in cluster mode, where delivery waits for
+# the commit. The events are spooled first: a killed process loses none of them.
 COMMIT_GATHER_SECONDS = 0.1
 # How long `write` waits for a group commit to end before it writes anyway (storage stuck).
 PRIORITY_WAIT_SECONDS = 0.25
@@ -411,7 +412,7 @@ class Journal:
             for hook in hooks:
                 for event in events:
                     hook(event)
-        if ended or self._queued >= self.commit_limit:
+        if ended or self._queued >= COMMIT_MIN_EVENTS:  # (a fast run: its commits start at once)
             self.commit_soon()
         if not self._queue_ready.is_set():
             self._queue_ready.set()

@@ -18,7 +18,7 @@ import pytest
 
 from agent_gateway.bus import Bus, Subscriber
 from agent_gateway.cluster import NotOwner
-from agent_gateway.journal import PUBLISH_EVERY, Journal, JournalFull
+from agent_gateway.journal import COMMIT_MIN_EVENTS, PUBLISH_EVERY, Journal, JournalFull
 from agent_gateway.models import Event, events_of_frames, sse_frames
 from agent_gateway.plugins.journal_peewee import PeeweeStorage
 
@@ -303,26 +303,30 @@ async def test_a_run_s_terminal_event_ends_the_gather(storage: PeeweeStorage, tm
 
 
 @pytest.mark.parametrize(
-    ("gather", "retry"),
+    ("gather", "retry", "events"),
     [
         # A run still streaming when the gather ends: what it appended so far is committed then.
-        pytest.param(0.05, False, id="the gather's end"),
+        pytest.param(0.05, False, 1, id="the gather's end"),
         # A write its caller waits for (a run's final status) ends the gather at once: a run's
         # end never waits it out.
-        pytest.param(600.0, True, id="a write waited for"),
+        pytest.param(600.0, True, 1, id="a write waited for"),
+        # A fast run: its commits begin once a batch's worth waits, so they keep up from its
+        # start (a next run's POST waits for the last one's end to be stored).
+        pytest.param(600.0, False, COMMIT_MIN_EVENTS, id="a fast run"),
     ],
 )
 async def test_a_write_after_is_made_with_the_commit_that_ends_the_gather(
-    storage: PeeweeStorage, tmp_path: Path, gather: float, retry: bool
+    storage: PeeweeStorage, tmp_path: Path, gather: float, retry: bool, events: int
 ) -> None:
     journal = Journal(storage, Bus(), tmp_path / "spool")
     journal.commit_gather = gather
     await journal.start()
     journal.open_run("run_a")
-    await journal.append("run_a", "message.delta", {"text": "first"})
+    for number in range(events):
+        await journal.append("run_a", "message.delta", {"text": str(number)})
     async with asyncio.timeout(WAIT):
         stored = await journal.write_after(lambda: len(storage.read_events("run_a")), retry=retry)
-    assert stored == 1 and journal.batches == 1
+    assert stored == events and journal.batches == 1
     await journal.close()
 
 
@@ -451,7 +455,7 @@ CRASHING_WRITER = textwrap.dedent(
     import asyncio, os, signal, sys
     from pathlib import Path
     from agent_gateway.bus import Bus
-    from agent_gateway.journal import PUBLISH_EVERY, Journal, JournalFull
+    from agent_gateway.journal import COMMIT_MIN_EVENTS, PUBLISH_EVERY, Journal, JournalFull
     from agent_gateway.plugins.journal_peewee import PeeweeStorage
 
     class DownStorage(PeeweeStorage):
