@@ -173,7 +173,7 @@ async def test_readiness_skips_the_ping_while_the_journal_commits_and_pings_afte
 
     gw.storage.ping = counting_ping  # type: ignore[method-assign]
     await run_to_end(client, run_body("hello"))
-    # The run's session index entry, written with a commit of its own: made now, not while the
+    # The run's session index entry, which goes with a later commit: made now, not while the
     # health checks below set what vouches for storage.
     await indexer_of(client).settle()
     await gw.journal.flush()

@@ -302,6 +302,21 @@ async def test_a_run_s_terminal_event_ends_the_gather(storage: PeeweeStorage, tm
     await journal.close()
 
 
+async def test_close_during_the_gather_stores_what_waits(storage: PeeweeStorage, tmp_path: Path) -> None:
+    """A gateway stopping (SIGTERM) while the writer gathers stores every event at once, and its
+    spool is removed only then: nothing waits out the gather, nothing is lost."""
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    journal.commit_gather = 600.0
+    await journal.start()
+    journal.open_run("run_a")
+    for text in ("one", "two"):
+        await journal.append("run_a", "message.delta", {"text": text})
+        await _loop_turns()
+    async with asyncio.timeout(WAIT):
+        await journal.close()
+    assert [e.payload["text"] for e in storage.read_events("run_a")] == ["one", "two"]
+
+
 @pytest.mark.parametrize(
     ("gather", "retry", "events"),
     [
