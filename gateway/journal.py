@@ -311,7 +311,8 @@ class Journal:
         event). Waits while `max_pending` events wait for storage."""
         while True:
             try:
-                event = self.append_nowait(host_run_id, kind, payload, source)
+                # (no publish at the end of the tick: this one publishes now)
+                event = self.append_nowait(host_run_id, kind, payload, source, _tick=False)
             except JournalFull:
                 self.commit_soon()  # room comes with the next commit
                 self._room.clear()
@@ -321,7 +322,7 @@ class Journal:
             return event
 
     def append_nowait(
-        self, host_run_id: str, kind: str, payload: dict[str, Any], source: str = "gateway"
+        self, host_run_id: str, kind: str, payload: dict[str, Any], source: str = "gateway", _tick: bool = True
     ) -> Event | None:
         """`append` without waiting, for runtimes that emit in bursts: the event has its seq and
         is readable at once; it is spooled and published at the end of the loop tick (or by the
@@ -351,7 +352,7 @@ class Journal:
         if batch is not None:
             batch.append(event)
         else:
-            if not unpublished:
+            if not unpublished and _tick:
                 asyncio.get_running_loop().call_soon(self._publish_tick)
             unpublished[host_run_id] = [event]
         self._unpublished_count += 1
