@@ -9,7 +9,9 @@ in its own venv); its gateway runs beside this one, on the same upstream, and th
 alternate between the two (the order swapped each round), so both see the same machine.
 `_floor_server.py` runs beside them, on the same upstream and in the same rounds: a bare aiohttp
 server doing the run's HTTP work (the two requests, the upstream call, the SSE frames) and nothing
-else, the CPU below which no aiohttp gateway goes; the report gives it as a share of each gateway's.
+else, the CPU below which no aiohttp gateway goes (`floor`); and the same server keeping each run
+in SQLite at its end, its row and events in one transaction on the loop (`floor_store`: the least
+a gateway that keeps its runs does). The report gives each as a share of each gateway's.
 One client, one thing at a time, in each round and for each gateway:
 
 - health: `GET /v1/health`, `--runs` times (a request that does nothing);
@@ -133,7 +135,8 @@ async def _bench(gateways: dict[str, tuple[str, int]], upstream_pid: int, runs: 
                 round(median([r["busiest_workers_ms"][i] for r in rows if len(r["busiest_workers_ms"]) > i]), 3)
                 for i in range(min(len(r["busiest_workers_ms"]) for r in rows))
             ]
-    pairs = [("this", "baseline"), ("floor", "this"), ("floor", "baseline")]
+    pairs = [("this", "baseline")]
+    pairs += [(floor, gateway) for floor in ("floor", "floor_store") for gateway in ("this", "baseline")]
     for kind in KINDS[1:]:
         for over, under in pairs:
             if over not in gateways or under not in gateways:
@@ -162,10 +165,13 @@ def _start_gateway(
 
 
 @contextmanager
-def upstream_and_gateways(baseline_python: str | None, model: str) -> Iterator[tuple[dict[str, tuple[str, int]], int]]:
+def upstream_and_gateways(
+    baseline_python: str | None, model: str, store_floor: bool = False
+) -> Iterator[tuple[dict[str, tuple[str, int]], int]]:
     """bench_fairness's upstream (answering `model`), and pointed at it a gateway per Python
-    (`this`; `baseline` if given), each on its own data dir, and `_floor_server.py` (`floor`),
-    all stopped on leaving: by name, each one's URL and process id; the upstream's."""
+    (`this`; `baseline` if given), each on its own data dir, and `_floor_server.py` (`floor`; with
+    `store_floor`, also keeping each run in SQLite: `floor_store`), all stopped on leaving: by
+    name, each one's URL and process id; the upstream's."""
     fairness = str(HERE / "bench_fairness.py")
     upstream = subprocess.Popen([sys.executable, fairness, "--upstream"], stdout=subprocess.PIPE, text=True, env=ENV)
     pythons = {"this": sys.executable}
@@ -189,11 +195,18 @@ def upstream_and_gateways(baseline_python: str | None, model: str) -> Iterator[t
                 stack.callback(gateway.wait, timeout=30)
                 stack.callback(gateway.terminate)
                 gateways[name] = (url, gateway.pid)
-            floor_server = [sys.executable, str(HERE / "_floor_server.py")]
-            floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
-            stack.callback(floor.wait, timeout=30)
-            stack.callback(floor.terminate)
-            gateways["floor"] = (url, floor.pid)
+            floors = {"floor": []}
+            if store_floor:
+                floors["floor_store"] = [
+                    "--store",
+                    str(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "runs.db"),
+                ]
+            for name, options in floors.items():
+                floor_server = [sys.executable, str(HERE / "_floor_server.py"), *options]
+                floor, url = _start_gateway(sys.executable, "", env, command=floor_server)
+                stack.callback(floor.wait, timeout=30)
+                stack.callback(floor.terminate)
+                gateways[name] = (url, floor.pid)
             yield gateways, upstream.pid
     finally:
         upstream.terminate()
@@ -206,7 +219,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline-python", help="a Python whose agent_gateway is the baseline (its own venv)")
     args = parser.parse_args()
-    with upstream_and_gateways(args.baseline_python, "n3") as (gateways, upstream_pid):
+    with upstream_and_gateways(args.baseline_python, "n3", store_floor=True) as (gateways, upstream_pid):
         started = time.perf_counter()
         asyncio.run(_bench(gateways, upstream_pid, args.runs, args.rounds))
         print(f"took {time.perf_counter() - started:.0f} s")
