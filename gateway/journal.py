@@ -327,7 +327,8 @@ class Journal:
         """`append` without waiting, for runtimes that emit in bursts: the event has its seq and
         is readable at once; it is spooled and published at the end of the loop tick (or by the
         next `append` or read). Raises JournalFull when `max_pending` events wait for storage
-        (then await `append`)."""
+        (then await `append`). `_tick=False` (for `append`, which publishes at once) schedules
+        no publish at the tick's end."""
         if self._closed:
             raise JournalClosed("journal is closed")
         if self._queued >= self.max_pending:
