@@ -249,6 +249,8 @@ async def test_requests_succeed_after_the_server_drops_idle_connections(make_gat
     receipt, streamed = await run_to_end(client, run_body("before the restart"))
     run_id = receipt["hostRunId"]
     assert (await client.put("/v1/preferences", json={"values": {"ai.common.defaultAgent": "chat-only"}})).status == 200
+    # The run's end is stored (its stream ends before that): the journal writer has connected.
+    await gw.runs.wait(run_id)
 
     assert len(terminate(admin, name)) >= 2  # the journal writer's and the request workers'
     # Each worker thread meets its dead connection once; every request still answers.
