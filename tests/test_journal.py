@@ -264,17 +264,24 @@ async def _loop_turns(count: int = 3) -> None:
         await asyncio.sleep(0)  # loop turns: an idle writer that did not gather takes what is there
 
 
+async def _gathering(storage: PeeweeStorage, tmp_path: Path, texts: tuple[str, ...]) -> Journal:
+    """A started journal whose idle writer gathers for 600 s (only what ends a gather ends it
+    within a test's bound), with `texts` appended to run_a as deltas, loop turns apart."""
+    journal = Journal(storage, Bus(), tmp_path / "spool")
+    journal.commit_gather = 600.0
+    await journal.start()
+    journal.open_run("run_a")
+    for text in texts:
+        await journal.append("run_a", "message.delta", {"text": text})
+        await _loop_turns()
+    return journal
+
+
 async def test_events_soon_after_an_idle_writer_go_in_its_next_commit(storage: PeeweeStorage, tmp_path: Path) -> None:
     """A writer that was idle gathers before it takes a batch: a short run's events, appended
     loop turns apart, go to storage in one commit, not one commit each. A flush ends the gather
     at once (its caller waits for the commit, never for `commit_gather`)."""
-    journal = Journal(storage, Bus(), tmp_path / "spool")
-    journal.commit_gather = 600.0  # only a flush can end it within the test's bound
-    await journal.start()
-    journal.open_run("run_a")
-    for text in ("running", "answer", "end"):
-        await journal.append("run_a", "message.delta", {"text": text})
-        await _loop_turns()
+    journal = await _gathering(storage, tmp_path, ("running", "answer", "end"))
     assert journal.batches == 0 and storage.read_events("run_a") == []
     async with asyncio.timeout(WAIT):
         await journal.flush()
@@ -286,13 +293,7 @@ async def test_events_soon_after_an_idle_writer_go_in_its_next_commit(storage: P
 async def test_a_run_s_terminal_event_ends_the_gather(storage: PeeweeStorage, tmp_path: Path) -> None:
     """The run that woke an idle writer goes to storage in one commit when it ends, with the
     write waiting for it (its final status), not `commit_gather` later."""
-    journal = Journal(storage, Bus(), tmp_path / "spool")
-    journal.commit_gather = 600.0
-    await journal.start()
-    journal.open_run("run_a")
-    for text in ("running", "answer"):
-        await journal.append("run_a", "message.delta", {"text": text})
-        await _loop_turns()
+    journal = await _gathering(storage, tmp_path, ("running", "answer"))
     await journal.append("run_a", "run.completed", {"status": "completed"})
     # Without a retry, `write_after` asks for no commit of its own: only the terminal event does.
     async with asyncio.timeout(WAIT):
@@ -305,13 +306,7 @@ async def test_a_run_s_terminal_event_ends_the_gather(storage: PeeweeStorage, tm
 async def test_close_during_the_gather_stores_what_waits(storage: PeeweeStorage, tmp_path: Path) -> None:
     """A gateway stopping (SIGTERM) while the writer gathers stores every event at once, and its
     spool is removed only then: nothing waits out the gather, nothing is lost."""
-    journal = Journal(storage, Bus(), tmp_path / "spool")
-    journal.commit_gather = 600.0
-    await journal.start()
-    journal.open_run("run_a")
-    for text in ("one", "two"):
-        await journal.append("run_a", "message.delta", {"text": text})
-        await _loop_turns()
+    journal = await _gathering(storage, tmp_path, ("one", "two"))
     async with asyncio.timeout(WAIT):
         await journal.close()
     assert [e.payload["text"] for e in storage.read_events("run_a")] == ["one", "two"]
